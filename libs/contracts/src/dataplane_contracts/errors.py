@@ -1,0 +1,104 @@
+"""The one error table (ARCHITECTURE.md, "Errors"): stable codes, their statuses, the body."""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+from pydantic import StrictStr
+
+from dataplane_contracts.base import ContractModel
+
+ErrorCode = Literal[
+    "sql_refused",
+    "unknown_dataset",
+    "ambiguous_dataset",
+    "query_timeout",
+    "query_failed",
+    "invalid_request",
+    "auth_required",
+    "invalid_token",
+    "provider_not_served",
+    "pull_token",
+    "policy",
+    "not_available",
+    "not_offered",
+    "ds_refused",
+    "row_policy_denied",
+    "row_filter_unenforceable",
+    "flow_not_started",
+    "agreement_mismatch",
+    "no_token",
+    "client_not_admitted",
+    "unsupported_transfer_type",
+    "data_address_not_allowed",
+    "data_address_required",
+    "flow_not_found",
+    "control_plane_not_found",
+    "flow_exists",
+    "invalid_transition",
+    "control_plane_taken",
+    "invalid_message",
+    "row_filter_unreadable",
+    "ds_unavailable",
+    "row_filter_invalid",
+    "row_filter_unavailable",
+    "audit_unavailable",
+    "database_unavailable",
+    "ds_not_configured",
+    "not_ready",
+]
+
+ERROR_CODES: tuple[str, ...] = get_args(ErrorCode)
+
+STATUS: dict[str, int] = {
+    "sql_refused": 400,
+    "unknown_dataset": 400,
+    "ambiguous_dataset": 400,
+    "query_timeout": 400,
+    "query_failed": 400,
+    "invalid_request": 422,
+    "auth_required": 401,
+    "invalid_token": 401,
+    "provider_not_served": 401,
+    "pull_token": 401,
+    "no_token": 401,
+    "policy": 403,
+    "not_available": 403,
+    "not_offered": 403,
+    "ds_refused": 403,
+    "row_policy_denied": 403,
+    "row_filter_unenforceable": 403,
+    "flow_not_started": 403,
+    "agreement_mismatch": 403,
+    "client_not_admitted": 403,
+    "unsupported_transfer_type": 400,
+    "data_address_not_allowed": 400,
+    "data_address_required": 400,
+    "flow_not_found": 404,
+    "control_plane_not_found": 404,
+    "flow_exists": 409,
+    "invalid_transition": 409,
+    "control_plane_taken": 409,
+    "invalid_message": 422,
+    "row_filter_unreadable": 502,
+    "ds_unavailable": 502,
+    "row_filter_invalid": 500,
+    "row_filter_unavailable": 503,
+    "audit_unavailable": 503,
+    "database_unavailable": 503,
+    "ds_not_configured": 503,
+    "not_ready": 503,
+}
+
+assert set(STATUS) == set(ERROR_CODES), "every code has exactly one status"  # noqa: S101
+
+
+def status_of(code: ErrorCode) -> int:
+    return STATUS[code]
+
+
+class ErrorBody(ContractModel):
+    """`{"error": <code>, "detail": <text>}`; the detail never carries a principal, key or token."""
+
+    error: ErrorCode
+    detail: StrictStr

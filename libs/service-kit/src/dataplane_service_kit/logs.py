@@ -1,0 +1,58 @@
+"""Structured JSON logging shared by every service.
+
+structlog renders through stdlib logging so uvicorn, aiokafka and SQLAlchemy write into the same
+JSON stream; the trace id is bound from the active OpenTelemetry span on every line.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import structlog
+from opentelemetry import trace
+
+
+def _add_trace_id(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+    ctx = trace.get_current_span().get_span_context()
+    if ctx.is_valid:
+        event.setdefault("trace_id", format(ctx.trace_id, "032x"))
+    return event
+
+
+def configure_logging(service: str, level: str = "INFO") -> None:
+    """Route structlog and stdlib logging into one JSON line per event on stderr."""
+    shared: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        _add_trace_id,
+    ]
+    structlog.configure(
+        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=False,
+    )
+    formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=shared,
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            lambda _l, _m, ev: {"service": service, **ev},
+            structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(),
+        ],
+    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    for noisy in ("aiokafka", "kafka"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+
+
+def get_logger(name: str) -> structlog.stdlib.BoundLogger:
+    logger: structlog.stdlib.BoundLogger = structlog.get_logger(name)
+    return logger
