@@ -90,7 +90,7 @@ STATUS: dict[str, int] = {
     "not_ready": 503,
 }
 
-assert set(STATUS) == set(ERROR_CODES), "every code has exactly one status"  # noqa: S101
+assert set(STATUS) == set(ERROR_CODES), "every code has exactly one status"
 
 
 def status_of(code: ErrorCode) -> int:

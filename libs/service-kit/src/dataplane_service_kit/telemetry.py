@@ -22,9 +22,7 @@ def setup_telemetry(service_name: str) -> None:
     _configured = True
     resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service_name)})
     provider = TracerProvider(resource=resource)
-    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get(
-        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
-    ):
+    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
@@ -38,7 +36,7 @@ def _instrument_libraries() -> None:
     from opentelemetry.instrumentation.redis import RedisInstrumentor
 
     HTTPXClientInstrumentor().instrument()
-    AsyncPGInstrumentor().instrument()
+    AsyncPGInstrumentor().instrument()  # type: ignore[no-untyped-call]
     RedisInstrumentor().instrument()
 
 

@@ -1,0 +1,61 @@
+"""Kafka events. None has a field that could carry a token, principal, key, username,
+organization or handler argument (the models forbid unknown fields)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import AwareDatetime, Field, StrictInt, StrictStr, model_validator
+
+from dataplane_contracts.base import Event
+from dataplane_contracts.ds import Did
+from dataplane_contracts.errors import ErrorCode
+
+HexDigest = Annotated[StrictStr, Field(pattern=r"^[0-9a-f]{64}$")]
+OpaqueId = Annotated[StrictStr, Field(pattern=r"^[0-9a-f]{32}$")]
+
+
+class PlanRequest(Event):
+    """gateway → resolver: the hashed cache key and a claim-check id, nothing else of the request."""
+
+    cache_key: HexDigest
+    claim_check_id: OpaqueId
+    correlation_id: OpaqueId
+    reply_topic: StrictStr
+    reply_partition: StrictInt | None = None
+    deadline: AwareDatetime
+
+
+PlanOutcome = Literal["cached", "one_shot", "error"]
+
+
+class PlanResolved(Event):
+    """resolver → gateway: where the plan is, or a typed error."""
+
+    correlation_id: OpaqueId
+    cache_key: HexDigest
+    outcome: PlanOutcome
+    one_shot_id: OpaqueId | None = None
+    error_code: ErrorCode | None = None
+    error_detail: StrictStr | None = None
+
+    @model_validator(mode="after")
+    def _shape(self) -> PlanResolved:
+        if (self.outcome == "one_shot") != (self.one_shot_id is not None):
+            raise ValueError("one_shot_id is set exactly for a one-shot outcome")
+        if (self.outcome == "error") != (self.error_code is not None):
+            raise ValueError("error_code is set exactly for an error outcome")
+        return self
+
+
+class DisclosureRecorded(Event):
+    """gateway → audit-relay: one disclosed dataset. `authorized_subject_ids` is DIDs or null."""
+
+    provider_participant: StrictStr
+    consumer_id: StrictStr
+    agreement_id: StrictStr
+    transfer_id: StrictStr | None = None
+    dataset_id: StrictStr
+    row_count: StrictInt
+    decision_ref: StrictStr | None = None
+    authorized_subject_ids: list[Did] | None

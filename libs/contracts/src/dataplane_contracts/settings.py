@@ -1,0 +1,108 @@
+"""Settings every part agrees on (ARCHITECTURE.md, "Configuration"), as mixins a service's own
+`BaseSettings` inherits. Names are the environment variables; secrets are `SecretStr`."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import AnyHttpUrl, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+BASE_CONFIG = SettingsConfigDict(extra="ignore", frozen=True, case_sensitive=False)
+
+
+class HttpSettings(BaseSettings):
+    model_config = BASE_CONFIG
+    http_host: str = "0.0.0.0"
+    http_port: int = Field(default=8000, ge=1, le=65535)
+    log_level: str = "INFO"
+
+
+class KafkaSettings(BaseSettings):
+    model_config = BASE_CONFIG
+    kafka_bootstrap_servers: str = Field(min_length=1)
+    # 500 / true suit a production cluster; the local Tansu broker needs 10 / false
+    kafka_fetch_max_wait_ms: int = Field(default=500, ge=0, le=60_000)
+    kafka_enable_idempotence: bool = True
+
+
+class RedisSettings(BaseSettings):
+    model_config = BASE_CONFIG
+    redis_url: str = Field(min_length=1)
+
+
+class PlanCacheSettings(BaseSettings):
+    model_config = BASE_CONFIG
+    row_filters_cache_ttl: int = Field(default=300, ge=0)
+    row_filters_cache_maxsize: int = Field(default=10_000, ge=1)
+    row_filters_cache_key_secret: SecretStr
+
+    @field_validator("row_filters_cache_key_secret")
+    @classmethod
+    def _long_enough(cls, v: SecretStr) -> SecretStr:
+        if len(v.get_secret_value()) < 16:
+            raise ValueError("must be at least 16 characters")
+        return v
+
+
+class OidcSettings(BaseSettings):
+    """Token validation and this service's own client credentials."""
+
+    model_config = BASE_CONFIG
+    celine_oidc_base_url: AnyHttpUrl | None = None
+    celine_oidc_jwks_uri: AnyHttpUrl | None = None
+    celine_oidc_audience: str | None = None
+    celine_oidc_client_id: str | None = None
+    celine_oidc_client_secret: SecretStr | None = None
+
+    def oidc_issuer(self) -> str | None:
+        return str(self.celine_oidc_base_url).rstrip("/") if self.celine_oidc_base_url else None
+
+    def oidc_jwks_uri(self) -> str | None:
+        if self.celine_oidc_jwks_uri:
+            return str(self.celine_oidc_jwks_uri)
+        issuer = self.oidc_issuer()
+        return f"{issuer}/protocol/openid-connect/certs" if issuer else None
+
+    def oidc_token_url(self) -> str | None:
+        issuer = self.oidc_issuer()
+        return f"{issuer}/protocol/openid-connect/token" if issuer else None
+
+
+class ConnectorSettings(BaseSettings):
+    """Connector resolution (reference §1.3): one default, or a map provider → connector."""
+
+    model_config = BASE_CONFIG
+    connector_internal_url: AnyHttpUrl | None = None
+    connector_internal_urls: dict[str, AnyHttpUrl] = Field(default_factory=dict)
+
+    @field_validator("connector_internal_urls", mode="before")
+    @classmethod
+    def _json_map(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return json.loads(v) if v.strip() else {}
+        return v
+
+
+class UnroutableProvider(LookupError):
+    """The provider is not served: listing any provider means listing all."""
+
+
+class ConnectorNotConfigured(LookupError):
+    """A default connector is needed but none is configured."""
+
+
+def connector_base(settings: ConnectorSettings, participant: str | None) -> str:
+    """The connector base URL for a provider participant (reference §1.3), trailing `/` stripped.
+
+    Raises UnroutableProvider or ConnectorNotConfigured; never falls back to the default for a
+    provider the map does not list."""
+    if settings.connector_internal_urls and participant is not None:
+        url = settings.connector_internal_urls.get(participant)
+        if url is None:
+            raise UnroutableProvider("provider not served")
+        return str(url).rstrip("/")
+    if settings.connector_internal_url is None:
+        raise ConnectorNotConfigured("CONNECTOR_INTERNAL_URL is not configured")
+    return str(settings.connector_internal_url).rstrip("/")

@@ -1,0 +1,73 @@
+"""The catalogue file and the built-in handler → binds table (GS-08)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from dataplane_contracts.catalogue import HANDLER_BINDS, Catalogue, load_catalogue
+from pydantic import ValidationError
+
+
+def _entry(person: dict[str, object] | None = None, organization: dict[str, object] | None = None) -> dict:
+    layers: dict[str, object] = {}
+    if person is not None:
+        layers["person"] = person
+    if organization is not None:
+        layers["organization"] = organization
+    return {"id": "energy.readings", "table": "public.readings", "row_filters": layers}
+
+
+def test_catalogue_reads_dotted_ids_levels_and_layers(tmp_path: Path) -> None:
+    path = tmp_path / "catalogue.yaml"
+    path.write_text(
+        """
+datasets:
+  - id: energy.readings
+    table: public.readings
+    access_level: restricted
+    expose: true
+    dataspace_expose: true
+    row_filters:
+      person: {handler: subject_key_match, args: {column: pod, key_type: pod}}
+      organization: {handler: allow_all, binds: organization}
+"""
+    )
+    cat = load_catalogue(path)
+    entry = cat.by_id()["energy.readings"]
+    assert entry.access_level == "restricted" and entry.expose and entry.dataspace_expose
+    assert entry.row_filters.person is not None and entry.row_filters.person.column == "pod"
+
+
+def test_gs08_builtin_binds_must_match_the_table() -> None:
+    with pytest.raises(ValidationError, match=r"energy.readings.*person.*subject_key_match"):
+        Catalogue.model_validate(
+            {"datasets": [_entry(person={"handler": "subject_key_match", "binds": "organization"})]}
+        )
+    with pytest.raises(ValidationError, match="organization_match"):
+        Catalogue.model_validate({"datasets": [_entry(person={"handler": "organization_match"})]})
+
+
+def test_gs08_allow_all_and_plugins_must_declare_binds() -> None:
+    with pytest.raises(ValidationError, match="must declare binds"):
+        Catalogue.model_validate({"datasets": [_entry(person={"handler": "allow_all"})]})
+    with pytest.raises(ValidationError, match="must declare binds"):
+        Catalogue.model_validate({"datasets": [_entry(person={"handler": "my_plugin"})]})
+    ok = Catalogue.model_validate({"datasets": [_entry(person={"handler": "my_plugin", "binds": "person"})]})
+    assert ok.datasets[0].row_filters.person is not None
+
+
+def test_catalogue_rejects_unknown_fields_and_levels() -> None:
+    with pytest.raises(ValidationError):
+        Catalogue.model_validate({"datasets": [{**_entry(), "colour": "red"}]})
+    with pytest.raises(ValidationError):
+        Catalogue.model_validate({"datasets": [{**_entry(), "access_level": "public"}]})
+    with pytest.raises(ValidationError):
+        Catalogue.model_validate({"datasets": [{**_entry(), "table": "readings; drop"}]})
+
+
+def test_builtin_binds_table() -> None:
+    assert HANDLER_BINDS["subject_key_match"] == "person"
+    assert HANDLER_BINDS["organization_match"] == "organization"
+    assert HANDLER_BINDS["member_wide"] == "organization"
+    assert HANDLER_BINDS["allow_all"] is None

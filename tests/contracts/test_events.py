@@ -1,0 +1,111 @@
+"""Events carry no personal data: no field for principals, keys, tokens or handler arguments."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from dataplane_contracts.ds import AuditQueryBody
+from dataplane_contracts.events import DisclosureRecorded, PlanRequest, PlanResolved
+from pydantic import ValidationError
+
+GOLDEN = Path(__file__).parent / "golden"
+FORBIDDEN = ["principals", "keys", "token", "username", "organizations", "args", "email", "handler"]
+FIXED_ID = uuid.UUID("00000000-0000-4000-8000-000000000001")
+FIXED_AT = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+
+
+def _samples() -> dict[str, tuple[type, dict[str, object]]]:
+    common = {"event_id": str(FIXED_ID), "occurred_at": FIXED_AT.isoformat(), "schema_version": 1}
+    return {
+        "plan_request": (
+            PlanRequest,
+            {
+                **common,
+                "cache_key": "a" * 64,
+                "claim_check_id": "b" * 32,
+                "correlation_id": "c" * 32,
+                "reply_topic": "dataplane.plan.replies",
+                "reply_partition": 2,
+                "deadline": FIXED_AT.isoformat(),
+            },
+        ),
+        "plan_resolved": (
+            PlanResolved,
+            {
+                **common,
+                "correlation_id": "c" * 32,
+                "cache_key": "a" * 64,
+                "outcome": "error",
+                "one_shot_id": None,
+                "error_code": "row_filter_unavailable",
+                "error_detail": "registry unreachable",
+            },
+        ),
+        "disclosure_recorded": (
+            DisclosureRecorded,
+            {
+                **common,
+                "provider_participant": "did:web:provider.example",
+                "consumer_id": "did:web:consumer.example",
+                "agreement_id": "agr-1",
+                "transfer_id": "tp-1",
+                "dataset_id": "meter_readings",
+                "row_count": 3,
+                "decision_ref": "d" * 64,
+                "authorized_subject_ids": ["did:web:alice.example"],
+            },
+        ),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_samples()))
+def test_golden_samples_pin_wire_shapes(name: str) -> None:
+    model, sample = _samples()[name]
+    parsed = model.model_validate(sample)
+    golden = json.loads((GOLDEN / f"{name}.json").read_text())
+    assert json.loads(parsed.model_dump_json()) == golden
+
+
+@pytest.mark.parametrize("name", sorted(_samples()))
+@pytest.mark.parametrize("field", FORBIDDEN)
+def test_no_event_accepts_personal_fields(name: str, field: str) -> None:
+    model, sample = _samples()[name]
+    assert field not in model.model_fields
+    with pytest.raises(ValidationError):
+        model.model_validate({**sample, field: ["x"]})
+
+
+def test_rf10_disclosure_subjects_are_dids_or_null() -> None:
+    _, sample = _samples()["disclosure_recorded"]
+    assert (
+        DisclosureRecorded.model_validate({**sample, "authorized_subject_ids": None}).authorized_subject_ids
+        is None
+    )
+    assert (
+        DisclosureRecorded.model_validate({**sample, "authorized_subject_ids": []}).authorized_subject_ids
+        == []
+    )
+    with pytest.raises(ValidationError):
+        DisclosureRecorded.model_validate({**sample, "authorized_subject_ids": ["alice@example.org"]})
+
+
+def test_rf10_audit_body_drops_absent_decision_ref() -> None:
+    body = AuditQueryBody(
+        dataset_id="d", consumer_id="c", agreement_id="a", row_count=1, authorized_subject_ids=None
+    ).wire()
+    assert "decision_ref" not in body
+    assert body["authorized_subject_ids"] is None and body["user_id"] is None
+    golden = json.loads((GOLDEN / "audit_query_body.json").read_text())
+    assert body == golden
+
+
+def test_plan_resolved_shape_is_consistent() -> None:
+    _, sample = _samples()["plan_resolved"]
+    with pytest.raises(ValidationError):
+        PlanResolved.model_validate({**sample, "outcome": "cached"})
+    with pytest.raises(ValidationError):
+        PlanResolved.model_validate({**sample, "error_code": "no_such_code"})
