@@ -15,6 +15,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 import redis.asyncio as aioredis
+
 from dataplane_local import infra
 
 SERVICE_MODES: dict[str, str] = {}

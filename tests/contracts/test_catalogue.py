@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from dataplane_contracts.catalogue import HANDLER_BINDS, Catalogue, load_catalogue
 from pydantic import ValidationError
+
+from dataplane_contracts.catalogue import HANDLER_BINDS, Catalogue, load_catalogue
 
 
 def _entry(person: dict[str, object] | None = None, organization: dict[str, object] | None = None) -> dict:

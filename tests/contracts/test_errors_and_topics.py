@@ -6,6 +6,7 @@ import asyncio
 import json
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
 from dataplane_contracts.errors import ERROR_CODES, STATUS, ErrorBody
 from dataplane_contracts.events import DisclosureRecorded
 from dataplane_contracts.topics import AUDIT_DISCLOSURES, topic_specs

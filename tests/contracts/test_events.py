@@ -8,9 +8,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
+
 from dataplane_contracts.ds import AuditQueryBody
 from dataplane_contracts.events import DisclosureRecorded, PlanRequest, PlanResolved
-from pydantic import ValidationError
 
 GOLDEN = Path(__file__).parent / "golden"
 FORBIDDEN = ["principals", "keys", "token", "username", "organizations", "args", "email", "handler"]

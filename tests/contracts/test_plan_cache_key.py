@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
+
 from dataplane_contracts.ds import Organization
 from dataplane_contracts.plans import ClaimCheck, Plan, PlanKeyInputs, plan_cache_key, plan_ttl
-from pydantic import ValidationError
 
 SECRET = b"0123456789abcdef-secret"
 KEY_A = "pod:IT001E000000AA"

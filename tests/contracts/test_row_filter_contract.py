@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from dataplane_contracts.ds import DataplaneRowFilter, DecisionEnvelope
 from pydantic import ValidationError
+
+from dataplane_contracts.ds import DataplaneRowFilter, DecisionEnvelope
 
 PRINCIPAL = "alice@example.org"
 KEY = "pod:IT001E00000001"

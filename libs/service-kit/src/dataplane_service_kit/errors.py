@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataplane_contracts.errors import ErrorBody, ErrorCode, status_of
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from dataplane_contracts.errors import ErrorBody, ErrorCode, status_of
 
 
 class ServiceError(Exception):
