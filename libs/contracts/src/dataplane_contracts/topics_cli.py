@@ -32,7 +32,7 @@ async def create_topics(bootstrap: str, specs: list[TopicSpec], timeout_s: float
 
 
 def replication_factor() -> int:
-    return int(os.environ.get("KAFKA_REPLICATION_FACTOR", "1"))
+    return int(os.environ.get("KAFKA_REPLICATION_FACTOR", "-1"))
 
 
 def _parse_partitions(items: list[str]) -> dict[str, int]:

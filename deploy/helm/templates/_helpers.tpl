@@ -1,0 +1,137 @@
+{{/*
+Names and labels.
+*/}}
+{{- define "dataplane.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "dataplane.selectorLabels" -}}
+app.kubernetes.io/name: {{ .name }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+{{- end -}}
+
+{{- define "dataplane.labels" -}}
+{{ include "dataplane.selectorLabels" . }}
+app.kubernetes.io/part-of: dataplane
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/*
+What each service's code fixes, so it is not a value: the configuration groups it reads, whether it
+serves the catalogue, the consumer group and topic KEDA watches, and the egress targets it uses.
+*/}}
+{{- define "dataplane.wiring" -}}
+query-gateway:
+  http: true
+  catalogue: true
+  env: [common, kafka, oidc, redis, datasets, rowFiltersCache, gateway, connector, dpsGateway]
+  egress: [postgres, redis, kafka, oidc, ds, otel]
+signaling:
+  http: true
+  env: [common, kafka, oidc, flowsDb, dpsSignaling]
+  egress: [postgres, kafka, oidc, otel, web]
+filter-resolver:
+  consumer: {topic: dataplane.plan.requests, group: dataplane-filter-resolver}
+  env: [common, kafka, oidc, redis, datasets, rowFiltersCache, resolver]
+  egress: [postgres, redis, kafka, oidc, otel, web]
+audit-relay:
+  consumer: {topic: dataplane.audit.disclosures, group: dataplane-audit-relay}
+  env: [common, kafka, oidc, connector]
+  egress: [kafka, oidc, ds, otel]
+{{- end -}}
+
+{{/*
+The effective configuration of one service: its values with `global` fallbacks filled in.
+Call: include "dataplane.service" (list $ $name $values) | fromYaml
+Nested maps are merged key by key in a range (not with sprig merge, whose mergo treats an explicit
+`false` or 0 as unset and would let the global value win).
+*/}}
+{{- define "dataplane.service" -}}
+{{- $root := index . 0 -}}
+{{- $name := index . 1 -}}
+{{- $v := index . 2 -}}
+{{- $g := $root.Values.global -}}
+{{- $wiring := index (include "dataplane.wiring" $root | fromYaml) $name -}}
+{{- $image := deepCopy $g.image -}}
+{{- range $k, $x := ($v.image | default dict) }}{{ $_ := set $image $k $x }}{{ end -}}
+{{- $autoscaling := deepCopy $g.autoscaling -}}
+{{- range $k, $x := ($v.autoscaling | default dict) }}{{ $_ := set $autoscaling $k $x }}{{ end -}}
+{{- $pdb := deepCopy $g.pdb -}}
+{{- range $k, $x := ($v.pdb | default dict) }}{{ $_ := set $pdb $k $x }}{{ end -}}
+{{- /* A service choosing one PDB bound drops the other one it inherited. */ -}}
+{{- if hasKey ($v.pdb | default dict) "minAvailable" }}{{ $_ := unset $pdb "maxUnavailable" }}{{ end -}}
+{{- if hasKey ($v.pdb | default dict) "maxUnavailable" }}{{ $_ := unset $pdb "minAvailable" }}{{ end -}}
+{{- $env := deepCopy ($g.env | default dict) -}}
+{{- range $k, $x := ($v.env | default dict) }}{{ $_ := set $env $k $x }}{{ end -}}
+{{- $oidc := dict "clientId" $root.Values.oidc.clientId "clientSecret" $root.Values.oidc.clientSecret -}}
+{{- range $k, $x := ($v.oidc | default dict) }}{{ $_ := set $oidc $k $x }}{{ end -}}
+{{- $repo := $image.repository | default (printf "%s%s" ($image.repositoryPrefix | default "") $name) -}}
+{{- $ref := printf "%s:%s" $repo ($image.tag | default $root.Chart.AppVersion) -}}
+{{- if $image.registry }}{{ $ref = printf "%s/%s" $image.registry $ref }}{{ end -}}
+name: {{ $name }}
+fullname: {{ printf "%s-%s" (include "dataplane.fullname" $root) $name | trunc 63 | trimSuffix "-" }}
+image: {{ $ref | quote }}
+pullPolicy: {{ $image.pullPolicy }}
+port: {{ $v.port }}
+portName: {{ if $wiring.http }}http{{ else }}metrics{{ end }}
+replicas: {{ hasKey $v "replicas" | ternary $v.replicas $g.replicas }}
+resources: {{ $v.resources | default $g.resources | toJson }}
+autoscaling: {{ $autoscaling | toJson }}
+pdb: {{ $pdb | toJson }}
+env: {{ $env | toJson }}
+oidc: {{ $oidc | toJson }}
+podAnnotations: {{ merge (deepCopy ($v.podAnnotations | default dict)) ($g.podAnnotations | default dict) | toJson }}
+podLabels: {{ merge (deepCopy ($v.podLabels | default dict)) ($g.podLabels | default dict) | toJson }}
+nodeSelector: {{ $v.nodeSelector | default $g.nodeSelector | default dict | toJson }}
+tolerations: {{ $v.tolerations | default $g.tolerations | default list | toJson }}
+networkPolicy: {{ $v.networkPolicy | default dict | toJson }}
+serviceType: {{ dig "service" "type" "ClusterIP" $v }}
+serviceAnnotations: {{ dig "service" "annotations" dict $v | toJson }}
+wiring: {{ $wiring | toJson }}
+{{- end -}}
+
+{{/*
+The hook Jobs run with the signaling image unless hooks.image is set.
+*/}}
+{{- define "dataplane.hookImage" -}}
+{{- if .Values.hooks.image -}}
+{{- .Values.hooks.image -}}
+{{- else -}}
+{{- (include "dataplane.service" (list . "signaling" (index .Values.services "signaling")) | fromYaml).image -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "dataplane.secretRef" -}}
+- name: {{ .env }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ .ref.name | quote }}
+      key: {{ .ref.key | quote }}
+{{- end -}}
+
+{{/*
+Restricted pod and container security: non-root, read-only root file system, no capabilities.
+Not configurable on purpose, apart from the uid.
+*/}}
+{{- define "dataplane.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: {{ .Values.global.runAsUser }}
+runAsGroup: {{ .Values.global.runAsUser }}
+fsGroup: {{ .Values.global.runAsUser }}
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{- define "dataplane.containerSecurityContext" -}}
+runAsNonRoot: true
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: [ALL]
+{{- end -}}
