@@ -22,11 +22,16 @@ SERVICE_MODES: dict[str, str] = {}
 
 
 def _docker_ok() -> bool:
+    if not os.environ.get("DOCKER_HOST") and not os.path.exists("/var/run/docker.sock"):
+        return False
     try:
         import docker
 
-        docker.from_env(timeout=2).ping()
-        return True
+        client = docker.from_env(timeout=2)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
     except Exception:
         return False
 
