@@ -21,8 +21,8 @@ async def create_topics(bootstrap: str, specs: list[TopicSpec], timeout_s: float
         existing = set(await admin.list_topics())
         missing = [s for s in specs if s.name not in existing]
         if missing:
-            # config is applied where the broker honours it; a replication factor of -1 lets the
-            # broker pick its default (1 locally, the cluster's default in production)
+            # config is applied where the broker honours it; the replication factor is 1 unless
+            # KAFKA_REPLICATION_FACTOR says otherwise (the Helm hook Job sets 3 for production)
             rf = replication_factor()
             new = [NewTopic(s.name, s.partitions, rf, topic_configs=s.config) for s in missing]
             await admin.create_topics(new)
@@ -32,7 +32,7 @@ async def create_topics(bootstrap: str, specs: list[TopicSpec], timeout_s: float
 
 
 def replication_factor() -> int:
-    return int(os.environ.get("KAFKA_REPLICATION_FACTOR", "-1"))
+    return int(os.environ.get("KAFKA_REPLICATION_FACTOR", "1"))
 
 
 def _parse_partitions(items: list[str]) -> dict[str, int]:
