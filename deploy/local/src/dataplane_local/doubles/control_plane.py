@@ -1,0 +1,55 @@
+"""A control-plane double: receives DPS callbacks (`POST /transfers/{id}/dataflow/{action}`) and
+records each with its body and Authorization header; `status` sets what it answers.
+
+    cp, server = start_control_plane()
+    ... signaling calls f"{server.url}/transfers/t1/dataflow/started" ...
+    assert cp.calls[0].action == "started"
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from dataplane_local.doubles.server import RunningServer, serve_in_thread
+
+
+@dataclass(frozen=True)
+class Callback:
+    transfer_id: str
+    action: str
+    body: Any
+    authorization: str | None
+
+
+@dataclass
+class ControlPlaneDouble:
+    status: int = 200
+    calls: list[Callback] = field(default_factory=list)
+
+    def app(self) -> FastAPI:
+        app = FastAPI(title="control-plane-double")
+
+        @app.post("/transfers/{transfer_id}/dataflow/{action}")
+        async def callback(transfer_id: str, action: str, request: Request) -> Response:
+            raw = await request.body()
+            body: Any = None
+            if raw:
+                try:
+                    body = await request.json()
+                except ValueError:
+                    body = raw.decode(errors="replace")
+            self.calls.append(Callback(transfer_id, action, body, request.headers.get("authorization")))
+            if self.status >= 300:
+                return JSONResponse({"error": "refused"}, status_code=self.status)
+            return Response(status_code=self.status)
+
+        return app
+
+
+def start_control_plane(status: int = 200) -> tuple[ControlPlaneDouble, RunningServer]:
+    cp = ControlPlaneDouble(status=status)
+    return cp, serve_in_thread(cp.app())

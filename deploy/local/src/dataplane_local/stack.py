@@ -1,0 +1,436 @@
+"""The one-command local stack: infrastructure, development doubles and the four services, each a
+separate process on loopback, recorded in `.local/pids.json` so `down` leaves nothing running.
+
+Order (reference/local-infrastructure.md): Tansu → topics → PostgreSQL (+ databases, roles, demo
+table) → Valkey → doubles (OIDC, ds connector, REC registry) → `.local/stack.env` → services
+(`signaling-migrate`, `signaling`, `filter-resolver`, `audit-relay`, `query-gateway`), each
+awaited on `/readyz`. Tansu is memory-only: if it dies, every topic, offset and group is gone, so
+the only safe recovery is `dataplane-local down && dataplane-local up` (`status` says so)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import importlib.util
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from dataplane_local import infra, provision
+from dataplane_local.procs import PidFile, ProcRecord, record_alive, stop_all
+
+DEPLOY_LOCAL = Path(__file__).resolve().parents[2]  # deploy/local (workspace member, editable)
+# (console script, preferred port), in start order; signaling-migrate runs before signaling
+SERVICES: list[tuple[str, int]] = [
+    ("signaling", 8001),
+    ("filter-resolver", 8002),
+    ("audit-relay", 8003),
+    ("query-gateway", 8000),
+]
+DOUBLES: list[tuple[str, str, int, str]] = [  # name, module, preferred port, ready path
+    ("oidc", "dataplane_local.doubles.oidc_process", 8090, "/.well-known/openid-configuration"),
+    ("ds-connector", "dataplane_local.doubles.ds_connector", 8091, "/_participants"),
+    ("rec-registry", "dataplane_local.doubles.rec_registry", 8092, "/_calls"),
+]
+SERVICE_CLIENT = ("svc-dataplane", "svc-dataplane-dev-secret")  # development credentials only
+CONTROL_PLANE_CLIENT = ("control-plane", "control-plane-dev-secret")
+OIDC_AUDIENCE = "dataplane"
+
+
+class StackError(RuntimeError):
+    pass
+
+
+def default_root() -> Path:
+    """`$DATAPLANE_LOCAL_DIR`, else `.local` in the workspace root (found from the cwd)."""
+    if env := os.environ.get("DATAPLANE_LOCAL_DIR"):
+        return Path(env).resolve()
+    here = Path.cwd().resolve()
+    for d in [here, *here.parents]:
+        py = d / "pyproject.toml"
+        if py.exists() and "[tool.uv.workspace]" in py.read_text():
+            return d / ".local"
+    return here / ".local"
+
+
+def missing_services(scripts: list[str] | None = None) -> dict[str, str]:
+    """Console scripts (default: the services' and `signaling-migrate`) whose module cannot be
+    imported yet, with the reason."""
+    eps = {ep.name: ep for ep in importlib.metadata.entry_points(group="console_scripts")}
+    missing: dict[str, str] = {}
+    for name in scripts if scripts is not None else [*(s for s, _ in SERVICES), "signaling-migrate"]:
+        ep = eps.get(name)
+        if ep is None:
+            missing[name] = "console script not installed"
+            continue
+        try:
+            found = importlib.util.find_spec(ep.module) is not None
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            missing[name] = f"module {ep.module} does not exist yet"
+    return missing
+
+
+def _pick_port(preferred: int) -> int:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", preferred))
+            return preferred
+        except OSError:
+            return infra.free_port()
+
+
+def _service_command(name: str) -> list[str]:
+    script = Path(sys.executable).parent / name
+    if script.exists():
+        return [str(script)]
+    found = shutil.which(name)
+    if found:
+        return [found]
+    ep = next(e for e in importlib.metadata.entry_points(group="console_scripts") if e.name == name)
+    module, _, attr = ep.value.partition(":")
+    return [sys.executable, "-c", f"import sys; from {module} import {attr} as m; sys.exit(m())"]
+
+
+def _dps_keys(root: Path) -> tuple[str, str]:
+    """The pull-token signing key: kept across restarts (DPS: same on every worker, kept)."""
+    path = root / "dps-signing-key.pem"
+    if not path.exists():
+        key = ec.generate_private_key(ec.SECP256R1())
+        pem = key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        path.write_bytes(pem)
+        path.chmod(0o600)
+    private = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    public = private.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return path.read_text(), public.decode()
+
+
+def _env_line(key: str, value: str) -> str:
+    return f"{key}='" + value.replace("'", "'\\''") + "'"
+
+
+class Stack:
+    def __init__(self, root: Path | None = None, log: Callable[[str], None] = print) -> None:
+        self.root = (root or default_root()).resolve()
+        self.pidfile = PidFile(self.root / "pids.json")
+        self.env_file = self.root / "stack.env"
+        self.info_file = self.root / "stack.json"
+        self.logs = self.root / "logs"
+        self.log = log
+        self.records: list[ProcRecord] = []
+        self.service_ports: dict[str, int] = {}
+
+    # ------------------------------------------------------------------------------------ up
+    def up(self, infra_only: bool = False, allow_missing: bool = False, ready_timeout: float = 120.0) -> int:
+        alive = [r for r in self.pidfile.load() if record_alive(r)]
+        if alive:
+            names = ", ".join(r.name for r in alive)
+            self.log(
+                f"a stack is already running from {self.root} ({names}); run `dataplane-local down` first"
+            )
+            return 1
+        self.pidfile.remove()
+        missing = {} if infra_only else missing_services()
+        if missing and not allow_missing:
+            for name, why in missing.items():
+                self.log(f"service {name}: {why}")
+            self.log("refusing to start without them: pass --allow-missing-services, or use --infra-only")
+            return 1
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.logs.mkdir(exist_ok=True)
+        try:
+            env = self._start_infra_and_doubles()
+            started, skipped = (
+                ([], list(missing)) if infra_only else self._start_services(env, missing, ready_timeout)
+            )
+        except Exception as exc:
+            self.log(f"start failed: {exc}")
+            self.log("stopping what was started ...")
+            left = stop_all(self.records)
+            self.pidfile.remove()
+            if left:
+                self.log(f"could not stop: {', '.join(left)}")
+            return 1
+        self.log(f"environment: {self.env_file}  (load it with: set -a; . {self.env_file}; set +a)")
+        if infra_only:
+            self.log("infrastructure and doubles are up (--infra-only: no services started)")
+        for name in skipped:
+            self.log(f"NOT STARTED: {name} ({missing.get(name, 'infra-only')})")
+        if started:
+            self.log(f"services ready: {', '.join(started)}")
+        self.log("stop everything with: dataplane-local down")
+        return 0
+
+    def _keep(self, rec: ProcRecord) -> None:
+        self.records.append(rec)
+        self.pidfile.save(self.records)
+
+    def _start_infra_and_doubles(self) -> dict[str, str]:
+        urls: dict[str, str] = {}
+        # 1. the broker, then its topics (Tansu would auto-create them with 4 partitions)
+        if bs := os.environ.get("DATAPLANE_KAFKA_BOOTSTRAP"):
+            self.log(f"kafka: using {bs} (DATAPLANE_KAFKA_BOOTSTRAP)")
+        else:
+            srv = infra.start_kafka(self.root / "kafka")
+            self._keep(
+                ProcRecord.of("kafka", "infra", srv.pid, url=srv.url, log=str(self.root / "kafka/tansu.log"))
+            )
+            bs = srv.url
+            self.log(f"kafka: Tansu on {bs} (pid {srv.pid})")
+        created = asyncio.run(provision.create_topics(bs))
+        self.log(f"topics: created {', '.join(created) or 'none (all exist)'}")
+        urls["kafka"] = bs
+        # 2. PostgreSQL with the datasets and flows databases, roles and the demo table
+        if pg := os.environ.get("DATAPLANE_DATABASE_URL"):
+            self.log("postgres: using DATAPLANE_DATABASE_URL")
+        else:
+            srv = infra.start_postgres(self.root / "pg")
+            stat_group = _leads_group(srv.pid)
+            self._keep(
+                ProcRecord.of(
+                    "postgres", "infra", srv.pid, url=srv.url, group=stat_group, stop_cmd=srv.stop_cmd
+                )
+            )
+            pg = srv.url
+            self.log(f"postgres: {pg} (pid {srv.pid})")
+        asyncio.run(provision.provision_postgres(pg))
+        urls["postgres"] = pg
+        # 3. Valkey (maxmemory with volatile-lru: the plan cache bounds itself)
+        if rd := os.environ.get("DATAPLANE_REDIS_URL"):
+            self.log("redis: using DATAPLANE_REDIS_URL")
+        else:
+            srv = infra.start_redis(self.root / "redis")
+            self._keep(ProcRecord.of("redis", "infra", srv.pid, url=srv.url))
+            rd = srv.url
+            self.log(f"redis: Valkey on {rd} (pid {srv.pid})")
+        urls["redis"] = rd
+        # 4. the development doubles
+        for name, module, preferred, ready in DOUBLES:
+            port = _pick_port(preferred)
+            url = f"http://127.0.0.1:{port}"
+            config = self._double_config(name, urls)
+            cmd = [sys.executable, "-m", module, "--port", str(port), "--config", str(config)]
+            self._spawn(name, "double", cmd, url, dict(os.environ))
+            _wait_http(f"{url}{ready}", 30.0, self.records[-1])
+            urls[name] = url
+            self.log(f"double {name}: {url}")
+        env = self._env(urls)
+        self._write_env(env, urls)
+        return env
+
+    def _double_config(self, name: str, urls: dict[str, str]) -> Path:
+        cfg_dir = self.root / "config"
+        cfg_dir.mkdir(exist_ok=True)
+        certs = f"{urls.get('oidc', '')}/protocol/openid-connect/certs"
+        config: dict[str, Any]
+        if name == "oidc":
+            config = {
+                "clients": dict([SERVICE_CLIENT, CONTROL_PLANE_CLIENT]),
+                "default_audience": OIDC_AUDIENCE,
+            }
+        elif name == "ds-connector":
+            config = yaml.safe_load((DEPLOY_LOCAL / "ds-policy.yaml").read_text())
+            config["service_auth"] = {"jwks_url": certs}  # every /internal call needs a service token
+        else:
+            config = yaml.safe_load((DEPLOY_LOCAL / "rec-registry.yaml").read_text())
+            config["jwks_url"] = certs
+        path = cfg_dir / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        return path
+
+    def _env(self, urls: dict[str, str]) -> dict[str, str]:
+        pg = urls["postgres"]
+        signing, public = _dps_keys(self.root)
+        ports = {name: _pick_port(p) for name, p in SERVICES}
+        self.service_ports = ports
+        oidc = urls["oidc"]
+        return {
+            "KAFKA_BOOTSTRAP_SERVERS": urls["kafka"],
+            "KAFKA_FETCH_MAX_WAIT_MS": "10",
+            "KAFKA_ENABLE_IDEMPOTENCE": "false",
+            "REDIS_URL": urls["redis"],
+            "DATASETS_DATABASE_URL": provision.with_database(
+                pg, provision.DATASETS_DB, provision.DATASETS_READER, provision.ROLE_PASSWORD
+            ),
+            "DATABASE_URL": provision.with_database(pg, provision.FLOWS_DB),
+            "DPS_FLOWS_DATABASE_URL": provision.with_database(
+                pg, provision.FLOWS_DB, provision.PULL_READER, provision.ROLE_PASSWORD
+            ),
+            "DPS_PULL_GRANT_ROLE": provision.PULL_READER,
+            "CATALOGUE_PATH": str(DEPLOY_LOCAL / "catalogue.yaml"),
+            "ROW_FILTERS_CACHE_KEY_SECRET": secrets.token_hex(32),
+            "REC_REGISTRY_URL": urls["rec-registry"],
+            "EDR_ENABLED": "true",
+            "CONNECTOR_INTERNAL_URL": urls["ds-connector"],
+            "CONNECTOR_INTERNAL_URLS": "{}",
+            "DPS_ENABLED": "true",
+            "DPS_DATAPLANE_ID": "dataplane-local",
+            "DPS_SIGNALING_URL": f"http://127.0.0.1:{ports['signaling']}",
+            "DPS_PUBLIC_URL": f"http://127.0.0.1:{ports['query-gateway']}",
+            "DPS_TRANSFER_TYPES": '["HttpData-PULL"]',
+            "DPS_LABELS": "[]",
+            "DPS_CONTROL_PLANE_CLIENTS": json.dumps([CONTROL_PLANE_CLIENT[0]]),
+            "DPS_TOKEN_SIGNING_KEY": signing,
+            "DPS_TOKEN_KEY_ID": "dataplane-local-1",
+            "DPS_TOKEN_PUBLIC_KEY": public,
+            "CELINE_OIDC_BASE_URL": oidc,
+            "CELINE_OIDC_JWKS_URI": f"{oidc}/protocol/openid-connect/certs",
+            "CELINE_OIDC_AUDIENCE": OIDC_AUDIENCE,
+            "CELINE_OIDC_CLIENT_ID": SERVICE_CLIENT[0],
+            "CELINE_OIDC_CLIENT_SECRET": SERVICE_CLIENT[1],
+            "LOG_LEVEL": "INFO",
+        }
+
+    def _write_env(self, env: dict[str, str], urls: dict[str, str]) -> None:
+        tools = {
+            "DATAPLANE_ADMIN_DATABASE_URL": urls["postgres"],
+            "DATAPLANE_OIDC_URL": urls["oidc"],
+            "DATAPLANE_DS_CONNECTOR_URL": urls["ds-connector"],
+            "DATAPLANE_REC_REGISTRY_URL": urls["rec-registry"],
+            "DATAPLANE_CONTROL_PLANE_CLIENT_ID": CONTROL_PLANE_CLIENT[0],
+            "DATAPLANE_CONTROL_PLANE_CLIENT_SECRET": CONTROL_PLANE_CLIENT[1],
+            **{
+                f"DATAPLANE_{name.upper().replace('-', '_')}_URL": f"http://127.0.0.1:{port}"
+                for name, port in self.service_ports.items()
+            },
+        }
+        lines = ["# written by `dataplane-local up`; DEVELOPMENT settings only", "# read by the services:"]
+        lines += [_env_line(k, v) for k, v in env.items()]
+        lines += ["# for tools and tests (not read by the services):"]
+        lines += [_env_line(k, v) for k, v in tools.items()]
+        self.env_file.write_text("\n".join(lines) + "\n")
+        self.env_file.chmod(0o600)
+        self.info_file.write_text(json.dumps({"env": env, "tools": tools, "urls": urls}, indent=2))
+
+    # ------------------------------------------------------------------------------ services
+    def _start_services(
+        self, env: dict[str, str], missing: dict[str, str], ready_timeout: float
+    ) -> tuple[list[str], list[str]]:
+        started: list[str] = []
+        skipped = [name for name, _ in SERVICES if name in missing]
+        base = {**os.environ, **env, "HTTP_HOST": "127.0.0.1"}
+        for name, _ in SERVICES:
+            if name in missing:
+                continue
+            port = self.service_ports[name]
+            proc_env = {**base, "HTTP_PORT": str(port)}
+            if name == "signaling":
+                if "signaling-migrate" in missing:
+                    raise StackError("signaling-migrate is missing, so signaling cannot start")
+                self._migrate(proc_env)
+            url = f"http://127.0.0.1:{port}"
+            self._spawn(name, "service", _service_command(name), url, proc_env)
+            _wait_http(f"{url}/readyz", ready_timeout, self.records[-1])
+            self.log(f"service {name}: ready on {url}")
+            started.append(name)
+        return started, skipped
+
+    def _migrate(self, env: dict[str, str]) -> None:
+        log = self.logs / "signaling-migrate.log"
+        with log.open("ab") as out:
+            rc = subprocess.run(
+                _service_command("signaling-migrate"),
+                env=env,
+                stdout=out,
+                stderr=out,
+                timeout=120,
+                check=False,
+            ).returncode
+        if rc != 0:
+            raise StackError(f"signaling-migrate failed (rc {rc}); see {log}")
+        self.log("signaling-migrate: done")
+
+    def _spawn(self, name: str, kind: str, cmd: list[str], url: str, env: dict[str, str]) -> None:
+        log = self.logs / f"{name}.log"
+        with log.open("ab") as out:
+            proc = subprocess.Popen(
+                cmd,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        proc.returncode = 0  # detached on purpose: `down` stops it by its recorded pid
+        self._keep(ProcRecord.of(name, kind, proc.pid, url=url, log=str(log)))
+
+    # ---------------------------------------------------------------------------- down/status
+    def down(self) -> int:
+        records = self.pidfile.load()
+        if not records:
+            self.log(f"nothing recorded in {self.pidfile.path}; nothing to stop")
+            return 0
+        left = stop_all(records)
+        if left:
+            self.log(f"could not stop: {', '.join(left)}")
+            return 1
+        self.pidfile.remove()
+        self.log(f"stopped {len(records)} processes: {', '.join(r.name for r in records)}")
+        return 0
+
+    def status(self) -> int:
+        records = self.pidfile.load()
+        if not records:
+            self.log("no local stack recorded (dataplane-local up starts one)")
+            return 1
+        healthy = True
+        for rec in records:
+            alive = record_alive(rec)
+            state = "running" if alive else "DEAD"
+            if alive and rec.kind == "service":
+                state = "ready" if _probe(f"{rec.url}/readyz") else "running, NOT READY"
+            healthy = healthy and alive
+            self.log(f"{rec.kind:8} {rec.name:16} pid {rec.pid:<8} {state:18} {rec.url}")
+        if any(r.name == "kafka" and not record_alive(r) for r in records):
+            self.log(
+                "the broker is down. Tansu keeps everything in memory, so topics, offsets and "
+                "groups are gone: restart the whole stack: dataplane-local down && dataplane-local up"
+            )
+        elif not healthy:
+            self.log(
+                "some processes died; see .local/logs/, then: dataplane-local down && dataplane-local up"
+            )
+        return 0 if healthy else 1
+
+
+def _leads_group(pid: int) -> bool:
+    try:
+        return os.getpgid(pid) == pid
+    except ProcessLookupError:
+        return False
+
+
+def _probe(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _wait_http(url: str, timeout: float, rec: ProcRecord) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not record_alive(rec):
+            raise StackError(f"{rec.name} exited during start-up; see {rec.log}")
+        if _probe(url):
+            return
+        time.sleep(0.2)
+    raise StackError(f"{rec.name} not ready at {url} within {timeout:.0f}s; see {rec.log}")
