@@ -1,0 +1,32 @@
+"""Governed SQL: validation (reference §4.3), narrowing (ARCHITECTURE "How a statement is
+narrowed"), verification and read-only execution (§4.4, §4.5)."""
+
+from query_gateway.sql.columns import load_column_types
+from query_gateway.sql.execute import QueryExecutor
+from query_gateway.sql.model import (
+    DEFAULT_LIMIT,
+    MAX_LIMIT,
+    CatalogueMismatch,
+    ColumnTypes,
+    NarrowedQuery,
+    QueryPage,
+    ValidatedQuery,
+)
+from query_gateway.sql.rewrite import narrow_query
+from query_gateway.sql.shape import sql_shape
+from query_gateway.sql.validate import validate_query
+
+__all__ = [
+    "DEFAULT_LIMIT",
+    "MAX_LIMIT",
+    "CatalogueMismatch",
+    "ColumnTypes",
+    "NarrowedQuery",
+    "QueryExecutor",
+    "QueryPage",
+    "ValidatedQuery",
+    "load_column_types",
+    "narrow_query",
+    "sql_shape",
+    "validate_query",
+]

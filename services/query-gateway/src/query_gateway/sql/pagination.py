@@ -1,0 +1,89 @@
+"""The page and count queries around a narrowed statement, and the outer ORDER BY (QE-04)."""
+
+from __future__ import annotations
+
+import sqlglot
+from sqlglot import exp
+
+from query_gateway.sql.scope import DIALECT, fold
+
+
+def _output_names(select: exp.Select) -> list[str | None]:
+    """Each projection's output name; `*` for a star, None for an unnamed expression."""
+    names: list[str | None] = []
+    for p in select.expressions:
+        if isinstance(p, exp.Alias) and isinstance(p.args.get("alias"), exp.Identifier):
+            names.append(fold(p.args["alias"]))
+        elif isinstance(p, exp.Star) or (isinstance(p, exp.Column) and isinstance(p.this, exp.Star)):
+            names.append("*")
+        elif isinstance(p, exp.Column) and isinstance(p.this, exp.Identifier):
+            names.append(fold(p.this))
+        else:
+            names.append(None)
+    return names
+
+
+def _single_source(select: exp.Select) -> bool:
+    source = select.args.get("from_", select.args.get("from"))  # the key's name differs by sqlglot version
+    return source is not None and not select.args.get("joins")
+
+
+def _key_name(key: exp.Expr, select: exp.Select, names: list[str | None]) -> str | None:
+    """The unique output column an ORDER BY key provably names, else None."""
+    stars = names.count("*")
+    lone_star = names == ["*"] and isinstance(select.expressions[0], exp.Star) and _single_source(select)
+    if isinstance(key, exp.Literal):
+        if key.is_string or not key.name.isdigit():
+            return None
+        pos = int(key.name)
+        name = names[pos - 1] if 1 <= pos <= len(names) else None
+    elif lone_star:
+        name = (
+            fold(key.this) if isinstance(key, exp.Column) and isinstance(key.this, exp.Identifier) else None
+        )
+    elif stars:
+        return None  # a star beside other projections, or over a join: names not knowable here
+    elif isinstance(key, exp.Column) and not key.table and isinstance(key.this, exp.Identifier):
+        name = fold(key.this)
+        if name not in names:
+            return None
+    else:
+        matches = [i for i, p in enumerate(select.expressions) if p.unalias().sql() == key.sql()]
+        name = names[matches[0]] if len(matches) == 1 else None
+    if name is None or name == "*" or (not lone_star and names.count(name) != 1):
+        return None
+    return name
+
+
+def outer_order_by(select: exp.Select) -> str:
+    """`ORDER BY q."a" DESC NULLS FIRST, …` when every key names a unique output column; else ''
+    (never partial). The statement's own ORDER BY stays inside either way."""
+    order = select.args.get("order")
+    if not isinstance(order, exp.Order) or not order.expressions:
+        return ""
+    names = _output_names(select)
+    keys: list[str] = []
+    for ordered in order.expressions:
+        if not isinstance(ordered, exp.Ordered):
+            return ""
+        name = _key_name(ordered.this, select, names)
+        if name is None:
+            return ""
+        desc = bool(ordered.args.get("desc"))
+        nulls_first = ordered.args.get("nulls_first")
+        # PostgreSQL: NULLs sort as larger than any value unless the statement says otherwise
+        first = desc if nulls_first is None else bool(nulls_first)
+        ident = exp.to_identifier(name, quoted=True).sql(dialect=DIALECT)
+        keys.append(f"q.{ident} {'DESC' if desc else 'ASC'} NULLS {'FIRST' if first else 'LAST'}")
+    return " ORDER BY " + ", ".join(keys)
+
+
+def page_and_count(sql: str, n_params: int, denied: bool) -> tuple[str, str]:
+    """The page query (LIMIT/OFFSET bound as $n+1/$n+2) and the count query."""
+    tree = sqlglot.parse_one(sql, read=DIALECT)
+    order = outer_order_by(tree) if isinstance(tree, exp.Select) else ""
+    # a deny reads nothing on the outer queries either (RF-05)
+    where = " WHERE FALSE" if denied else ""
+    page = f"SELECT * FROM ({sql}) AS q{where}{order} LIMIT ${n_params + 1} OFFSET ${n_params + 2}"  # noqa: S608 - verified statement
+    count = f"SELECT count(*) FROM ({sql}) AS q{where}"  # noqa: S608 - verified statement
+    return page, count

@@ -1,0 +1,125 @@
+"""Narrowing every real table reference to its permitted rows (ARCHITECTURE "How a statement is
+narrowed"), then proving it on a fresh parse of the result (verify.py) before anything runs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from sqlglot import exp
+
+from dataplane_contracts.catalogue import Catalogue, DatasetEntry
+from dataplane_contracts.plans import Plan
+from dataplane_service_kit.errors import ServiceError
+from query_gateway.sql.columns import cast_for, convert_values
+from query_gateway.sql.model import ColumnTypes, NarrowedQuery, ValidatedQuery
+from query_gateway.sql.scope import DIALECT, fold, table_parts, table_refs, walk_tables
+from query_gateway.sql.validate import analyse, resolve_reference
+from query_gateway.sql.verify import verify_narrowed
+
+RF_ALIAS = "_dp_rf"  # reserved: validation refuses every `_dp_` identifier in a statement
+
+
+def physical_table(entry: DatasetEntry) -> exp.Table:
+    """The catalogue's `[schema.]name`, parsed with PostgreSQL's quoting and case rules."""
+    try:
+        table = exp.to_table(entry.table, dialect=DIALECT)
+    except Exception:
+        table = None
+    if not isinstance(table, exp.Table) or len(table_parts(table)) > 2:
+        raise ServiceError("sql_refused", f"dataset {entry.id}: physical table is not [schema.]name")
+    return table
+
+
+def physical_key(table: exp.Table) -> tuple[str, ...]:
+    return tuple(fold(p) for p in table_parts(table))
+
+
+def _predicate(column: str, pg_type: str, index: int) -> exp.Expr:
+    elem, native = cast_for(pg_type)
+    col = exp.column(exp.to_identifier(column, quoted=True), table=exp.to_identifier(RF_ALIAS))
+    lhs: exp.Expr = col if native else exp.cast(col, "text", dialect=DIALECT)
+    array = exp.cast(exp.Parameter(this=exp.Literal.number(index)), f"{elem}[]", dialect=DIALECT)
+    return exp.EQ(this=lhs, expression=exp.Any(this=exp.Paren(this=array)))
+
+
+def _label(plan: Plan, dataset_id: str, column: str, count: int) -> str:
+    base = plan.meta.label or f"{dataset_id} {column} values"
+    return f"{base} ({count} value{'s' if count != 1 else ''})"
+
+
+def narrow_query(
+    q: ValidatedQuery,
+    catalogue: Catalogue,
+    plans: Mapping[str, Sequence[Plan]],
+    columns: ColumnTypes,
+) -> NarrowedQuery:
+    """Every real table reference becomes `(SELECT * FROM schema.table AS _dp_rf WHERE <pred>)
+    alias`. A deny — a `deny` plan, or an allow-list none of whose values converts — puts FALSE
+    into every SELECT. Raises ServiceError("sql_refused") when anything cannot be proven."""
+    analysis = analyse(q.text, catalogue)
+    if analysis.validated.dataset_ids != q.dataset_ids:
+        raise ServiceError("sql_refused", "statement does not match its validation")
+    entries = catalogue.by_id()
+    params: list[object] = []
+    labels: list[str] = []
+    conditions: dict[str, list[exp.Expr]] = {}
+    denied = False
+    for ds_id in q.dataset_ids:
+        if ds_id not in plans:
+            raise ServiceError("sql_refused", f"no row policy was resolved for dataset {ds_id}")
+        entry = entries[ds_id]
+        conditions[ds_id] = []
+        for plan in plans[ds_id]:
+            if plan.kind == "all":
+                continue
+            if plan.kind == "deny" or plan.column is None:
+                denied = True
+                continue
+            pg_type = columns.get(entry.table, {}).get(plan.column)
+            if pg_type is None:
+                raise ServiceError("sql_refused", f"dataset {ds_id}: filter column type unknown")
+            values = convert_values(plan.values, pg_type)
+            if not values:  # RF-05: nothing left to allow is a deny, never IN ()
+                denied = True
+                continue
+            params.append(values)
+            labels.append(_label(plan, ds_id, plan.column, len(values)))
+            conditions[ds_id].append(_predicate(plan.column, pg_type, len(params)))
+    if denied:  # nothing is read, so nothing needs binding
+        params, labels = [], []
+    preds: dict[str, exp.Expr] = {
+        ds_id: exp.false() if denied else (exp.and_(*conds) if conds else exp.true())
+        for ds_id, conds in conditions.items()
+    }
+
+    tree = analysis.tree.copy()
+    if denied:
+        for select in list(tree.find_all(exp.Select)):
+            select.where(exp.false(), append=True, copy=False)
+    for table, is_cte in list(walk_tables(tree)):
+        if is_cte:
+            continue
+        folded, raw = table_refs(table)
+        found = resolve_reference(folded, raw, catalogue)
+        if found is None or found not in preds:
+            raise ServiceError("sql_refused", "a table reference could not be narrowed")
+        table.replace(_narrowed(table, entries[found], preds[found]))
+    sql = tree.sql(dialect=DIALECT)
+
+    expected: dict[tuple[str, ...], set[str]] = {}
+    for ds_id, pred in preds.items():
+        key = physical_key(physical_table(entries[ds_id]))
+        expected.setdefault(key, set()).add(pred.sql(dialect=DIALECT))
+    verify_narrowed(sql, expected, denied=denied, n_params=len(params))
+    return NarrowedQuery(sql=sql, params=tuple(params), param_labels=tuple(labels), denied=denied)
+
+
+def _narrowed(table: exp.Table, entry: DatasetEntry, pred: exp.Expr) -> exp.Subquery:
+    source = physical_table(entry)
+    source.set("alias", exp.TableAlias(this=exp.to_identifier(RF_ALIAS)))
+    inner = exp.Select(expressions=[exp.Star()]).from_(source, copy=False).where(pred.copy(), copy=False)
+    alias = table.args.get("alias")
+    if not isinstance(alias, exp.TableAlias):
+        # unaliased, the statement refers to the table by its last name part: keep that name
+        alias = exp.TableAlias(this=table_parts(table)[-1].copy())
+    return exp.Subquery(this=inner, alias=alias.copy())

@@ -1,0 +1,81 @@
+"""The post-rewrite check: on a fresh parse of the rewritten text, every table read must be the
+inner table of a narrowing subquery carrying its dataset's predicate; a deny must have FALSE in
+every SELECT; every bound parameter must sit in such a predicate. Anything else is refused."""
+
+from __future__ import annotations
+
+import sqlglot
+from sqlglot import exp
+
+from dataplane_service_kit.errors import ServiceError
+from query_gateway.sql.scope import DIALECT, fold, table_parts, walk_tables
+
+RF_ALIAS = "_dp_rf"
+
+
+def _fail(why: str) -> ServiceError:
+    return ServiceError("sql_refused", f"the narrowed statement failed verification: {why}")
+
+
+def verify_narrowed(
+    sql: str, expected: dict[tuple[str, ...], set[str]], *, denied: bool, n_params: int
+) -> None:
+    try:
+        tree = sqlglot.parse_one(sql, read=DIALECT)
+    except Exception:
+        raise _fail("not parseable") from None
+    if not isinstance(tree, exp.Select):
+        raise _fail("not a SELECT")
+    guarded: list[exp.Expr] = []
+    for table, is_cte in walk_tables(tree):
+        alias = table.alias
+        if is_cte:
+            if alias.lower() == RF_ALIAS:
+                raise _fail("a narrowing reads a CTE")  # a CTE shadows the physical table
+            continue
+        key = tuple(fold(p) for p in table_parts(table))
+        if key not in expected:
+            raise _fail("a table read is not catalogued")
+        if alias != RF_ALIAS:
+            raise _fail("a table read is not narrowed")
+        from_ = table.parent
+        select = from_.parent if from_ is not None else None
+        if not isinstance(from_, exp.From) or not isinstance(select, exp.Select):
+            raise _fail("a table read is not narrowed")
+        where = select.args.get("where")
+        extra = [
+            k for k, v in select.args.items() if v and k not in ("expressions", "from_", "from", "where")
+        ]
+        if (
+            extra
+            or len(select.expressions) != 1
+            or not isinstance(select.expressions[0], exp.Star)
+            or not isinstance(where, exp.Where)
+            or where.this.sql(dialect=DIALECT) not in expected[key]
+            or not isinstance(select.parent, exp.Subquery)
+        ):
+            raise _fail("a table read does not carry its predicate")
+        guarded.append(where)
+    if denied:
+        for select in tree.find_all(exp.Select):
+            cond = select.args.get("where")
+            cond = cond.this if isinstance(cond, exp.Where) else None
+            if not _is_false(cond):
+                raise _fail("a SELECT of a denied statement can read rows")
+    numbers: set[int] = set()
+    for param in tree.find_all(exp.Parameter, exp.Placeholder):
+        if not any(param.find_ancestor(exp.Where) is w for w in guarded):
+            raise _fail("a parameter outside a narrowing predicate")
+        numbers.add(int(param.name) if param.name.isdigit() else -1)
+    if numbers != set(range(1, n_params + 1)):
+        raise _fail("parameters do not match the allow-lists")
+
+
+def _is_false(cond: exp.Expr | None) -> bool:
+    if isinstance(cond, exp.Boolean):
+        return cond.this is False
+    if isinstance(cond, exp.And):
+        return _is_false(cond.expression) or _is_false(cond.this)
+    if isinstance(cond, exp.Paren):
+        return _is_false(cond.this)
+    return False

@@ -1,0 +1,32 @@
+"""SQL-layer fixtures: a datasets database seeded with the tables of sqlgw_support, and a pool."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from query_gateway.sql import QueryExecutor, load_column_types
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from sqlgw_support import CATALOGUE, SCHEMA_A, Db, seed
+
+
+@pytest.fixture
+async def db(fresh_database: str) -> AsyncIterator[Db]:
+    conn = await asyncpg.connect(fresh_database)
+    try:
+        await conn.execute(SCHEMA_A)
+        await seed(conn, "public.readings", "public.meters", 'energy."Sites"')
+    finally:
+        await conn.close()
+    pool = await asyncpg.create_pool(fresh_database, min_size=1, max_size=2)
+    try:
+        columns = await load_column_types(pool, CATALOGUE)
+        yield Db(fresh_database, pool, columns, QueryExecutor(pool, statement_timeout_ms=5000))
+    finally:
+        await pool.close()
