@@ -49,9 +49,12 @@ class PlanResolved(Event):
 
 
 class DisclosureRecorded(Event):
-    """gateway → audit-relay: one disclosed dataset. `authorized_subject_ids` is DIDs or null."""
+    """gateway → audit-relay: one disclosed dataset. `authorized_subject_ids` is DIDs or null.
 
-    provider_participant: StrictStr
+    `provider_participant` is null when the EDR token named no issuer: the default connector
+    serves it, exactly as the gateway resolved it (reference §1.3, rule 3)."""
+
+    provider_participant: StrictStr | None
     consumer_id: StrictStr
     agreement_id: StrictStr
     transfer_id: StrictStr | None = None

@@ -19,7 +19,11 @@ def describe_validation_error(exc: ValidationError, cls: type[BaseSettings]) -> 
     prefix = str(cls.model_config.get("env_prefix") or "")
     lines = []
     for err in exc.errors():
-        field = ".".join(str(p) for p in err["loc"]) or "?"
+        if not err["loc"]:
+            # a model-level check: its message names the variables itself
+            lines.append(f"invalid configuration: {err['msg']}")
+            continue
+        field = ".".join(str(p) for p in err["loc"])
         info = cls.model_fields.get(str(err["loc"][0])) if err["loc"] else None
         alias = info.validation_alias if info is not None else None
         name = alias if isinstance(alias, str) else f"{prefix}{field}".upper()

@@ -1,0 +1,26 @@
+"""`query-gateway`: settings, logging, telemetry, then serve."""
+
+from __future__ import annotations
+
+import logging
+
+from dataplane_service_kit.logs import configure_logging
+from dataplane_service_kit.serve import serve
+from dataplane_service_kit.settings import load_settings
+from dataplane_service_kit.telemetry import setup_telemetry
+from query_gateway.access_log import AUDIT_LOGGER
+from query_gateway.app import create_app
+from query_gateway.settings import GatewaySettings
+
+
+def main() -> None:
+    settings = load_settings(GatewaySettings)
+    configure_logging("query-gateway", settings.log_level)
+    # access records stay at INFO whatever LOG_LEVEL says (GS-01)
+    logging.getLogger(AUDIT_LOGGER).setLevel(logging.INFO)
+    setup_telemetry("query-gateway")
+    serve(create_app(settings), settings.http_host, settings.http_port)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""Access records (GS-01, GS-02): one per dataset read or refused, on logger `dataplane.audit`,
+one JSON object per line, with reason code, request id and trace id — never a name or email."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from dataplane_service_kit.logs import get_logger
+
+AUDIT_LOGGER = "dataplane.audit"
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+log = get_logger(AUDIT_LOGGER)
+
+
+def _clean(value: str | None) -> str | None:
+    return None if value is None else _CONTROL.sub("", value)[:256]
+
+
+@dataclass
+class AccessContext:
+    """What every record of one request shares."""
+
+    request_id: str
+    trace_id: str | None
+    method: str
+    route: str
+    sub: str | None = None
+    client_id: str | None = None
+    service_account: bool = False
+    agreement_id: str | None = None
+    decision_ref: str | None = None
+    touched: list[str] = field(default_factory=list)  # datasets the statement resolved to
+    current: str | None = None  # the dataset being judged when a refusal is raised
+
+    def failed(self, code: str, status: int) -> None:
+        """A refusal (401/403) is `denied`; anything else an `error`, with its code as reason."""
+        outcome = "denied" if status in (401, 403) else "error"
+        resources: list[str | None] = [self.current] if self.current else [*self.touched]
+        for resource in resources or [None]:
+            self.record(resource, outcome, code)
+
+    def succeeded(self) -> None:
+        resources: list[str | None] = [*self.touched]
+        for resource in resources or [None]:
+            self.record(resource, "allowed")
+
+    def record(self, resource: str | None, outcome: str, reason: str | None = None) -> None:
+        fields: dict[str, Any] = {
+            "service": "query-gateway",
+            "sub": self.sub,
+            "client_id": self.client_id,
+            "service_account": self.service_account,
+            "action": "dataset.query",
+            "method": self.method,
+            "route": self.route,
+            "resource": resource,
+            "outcome": outcome,
+            "reason": reason,
+            "request_id": self.request_id,
+            "trace_id": self.trace_id,
+            "ts": datetime.now(UTC).isoformat(),
+        }
+        if self.agreement_id is not None:
+            fields["agreement_id"] = _clean(self.agreement_id)
+        if self.decision_ref is not None:
+            fields["decision_ref"] = _clean(self.decision_ref)
+        if outcome == "denied":
+            log.warning("denied", **fields)
+        else:
+            log.info("access", **fields)

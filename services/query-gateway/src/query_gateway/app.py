@@ -1,0 +1,139 @@
+"""The query-gateway FastAPI app: clients created in the lifespan; start-up refuses a catalogue
+that contradicts the handler table (GS-08) or names a column the database lacks (GS-09)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+
+import asyncpg
+import httpx
+import redis.asyncio as aioredis
+from aiokafka import AIOKafkaProducer
+from fastapi import FastAPI
+
+from dataplane_contracts.catalogue import load_catalogue
+from dataplane_service_kit.errors import install_error_handlers
+from dataplane_service_kit.health import ReadinessCheck, health_router
+from dataplane_service_kit.logs import get_logger
+from query_gateway.connector import ConnectorClient, ServiceTokens
+from query_gateway.disclosure import DisclosurePublisher
+from query_gateway.gateway import Gateway
+from query_gateway.identity import OidcVerifier
+from query_gateway.plan_client import PlanClient
+from query_gateway.pull import PullVerifier
+from query_gateway.routes import dps_router, query_router
+from query_gateway.settings import GatewaySettings
+from query_gateway.sql import QueryExecutor, load_column_types
+
+log = get_logger("query_gateway")
+
+
+class StartupRefused(RuntimeError):
+    """The configuration or catalogue is wrong; the message names what."""
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings: GatewaySettings = app.state.settings
+    try:
+        catalogue = load_catalogue(settings.catalogue_path)
+    except (OSError, ValueError) as exc:  # pydantic.ValidationError is a ValueError
+        raise StartupRefused(f"catalogue {settings.catalogue_path} refused: {exc}") from None
+    async with contextlib.AsyncExitStack() as stack:
+        pool = await asyncpg.create_pool(settings.datasets_database_url, min_size=1, max_size=10)
+        stack.push_async_callback(pool.close)
+        try:
+            columns = await load_column_types(pool, catalogue)
+        except ValueError as exc:  # CatalogueMismatch (GS-09) names dataset, filter and column
+            raise StartupRefused(f"catalogue refused: {exc}") from None
+        redis = aioredis.from_url(settings.redis_url)
+        stack.push_async_callback(redis.aclose)
+        producer = AIOKafkaProducer(
+            bootstrap_servers=settings.kafka_bootstrap_servers,
+            acks="all",
+            enable_idempotence=settings.kafka_enable_idempotence,
+            linger_ms=0,
+        )
+        await producer.start()
+        stack.push_async_callback(_bounded_stop, producer)
+        plans = PlanClient(settings, redis, producer)
+        await plans.start()
+        stack.push_async_callback(plans.stop)
+        http = httpx.AsyncClient()
+        stack.push_async_callback(http.aclose)
+        pull = None
+        flows_pool: asyncpg.Pool | None = None
+        if settings.dps_enabled:
+            assert settings.dps_flows_database_url and settings.dps_token_public_key  # settings
+            flows_pool = await asyncpg.create_pool(settings.dps_flows_database_url, min_size=1, max_size=5)
+            stack.push_async_callback(flows_pool.close)
+            pull = PullVerifier(settings.dps_token_public_key, flows_pool)
+        gw = Gateway(
+            settings=settings,
+            catalogue=catalogue,
+            columns=columns,
+            executor=QueryExecutor(pool, settings.query_statement_timeout_ms),
+            plans=plans,
+            oidc=OidcVerifier(
+                http, settings.oidc_jwks_uri(), settings.oidc_issuer(), settings.celine_oidc_audience
+            ),
+            connector=ConnectorClient(http, settings, ServiceTokens(http, settings)),
+            disclosures=DisclosurePublisher(producer, settings.audit_publish_timeout_ms),
+            pull=pull,
+        )
+
+        async def kafka_ok() -> bool:
+            return plans.positioned
+
+        async def redis_ok() -> bool:
+            return bool(await redis.ping())
+
+        async def db_ok() -> bool:
+            return bool(await pool.fetchval("SELECT 1"))
+
+        checks: dict[str, ReadinessCheck] = {"kafka": kafka_ok, "redis": redis_ok, "datasets_db": db_ok}
+        if flows_pool is not None:
+            fp = flows_pool
+
+            async def flows_ok() -> bool:
+                return bool(await fp.fetchval("SELECT 1"))
+
+            checks["flows_db"] = flows_ok
+        app.state.gateway = gw
+        app.state.checks = checks
+        log.info(
+            "query-gateway ready", datasets=len(catalogue.datasets), reply_partition=plans.reply_partition
+        )
+        yield
+        app.state.checks = {}
+
+
+async def _bounded_stop(producer: AIOKafkaProducer) -> None:
+    # a broker that is gone must not hold the shutdown: unsent events are the safe direction
+    with contextlib.suppress(Exception, asyncio.CancelledError):
+        await asyncio.wait_for(producer.stop(), 10)
+
+
+def create_app(settings: GatewaySettings) -> FastAPI:
+    app = FastAPI(title="query-gateway", lifespan=_lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.settings = settings
+    app.state.checks = {}
+    install_error_handlers(app, "invalid_request")
+
+    def checks() -> Mapping[str, ReadinessCheck]:
+        named: Mapping[str, ReadinessCheck] = app.state.checks
+        if not named:
+
+            async def starting() -> bool:
+                return False
+
+            return {"startup": starting}
+        return named
+
+    app.include_router(health_router(checks))
+    app.include_router(query_router())
+    if settings.dps_enabled:  # DPS-01: the pull route exists only on a DPS data plane
+        app.include_router(dps_router())
+    return app

@@ -1,0 +1,188 @@
+"""The ds connector as the gateway calls it (reference §1.2–1.6): the service's client-credentials
+token, connector resolution, the EDR key set per connector, and the one authorize call."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import jwt
+from pydantic import ValidationError
+
+from dataplane_contracts.ds import AuthorizeRequest, DecisionEnvelope
+from dataplane_contracts.settings import (
+    ConnectorNotConfigured,
+    ConnectorSettings,
+    UnroutableProvider,
+    connector_base,
+)
+from dataplane_service_kit.errors import ServiceError
+from dataplane_service_kit.logs import get_logger
+from query_gateway.settings import GatewaySettings
+
+log = get_logger("query_gateway.connector")
+_EDR_ALGORITHMS = ["ES256", "RS256"]
+_REFRESH_SECONDS = 30.0
+
+
+class ServiceTokens:
+    """This service's own bearer from the issuer's client-credentials grant, cached until shortly
+    before it expires. No client configured → no token (the connector will refuse)."""
+
+    def __init__(self, http: httpx.AsyncClient, settings: GatewaySettings) -> None:
+        self._http = http
+        self._url = settings.oidc_token_url()
+        self._client_id = settings.celine_oidc_client_id
+        secret = settings.celine_oidc_client_secret
+        self._secret = secret.get_secret_value() if secret is not None else ""
+        self._token: str | None = None
+        self._valid_until = 0.0
+        self._lock = asyncio.Lock()
+
+    async def token(self) -> str | None:
+        if not self._client_id or not self._url:
+            log.warning("no client credentials configured; connector calls carry no bearer")
+            return None
+        async with self._lock:
+            if self._token is None or time.monotonic() >= self._valid_until:
+                response = await self._http.post(
+                    self._url,
+                    data={
+                        "grant_type": "client_credentials",
+                        "client_id": self._client_id,
+                        "client_secret": self._secret,
+                    },
+                    timeout=5.0,
+                )
+                response.raise_for_status()
+                body = response.json()
+                self._token = str(body["access_token"])
+                lifetime = body.get("expires_in")
+                lifetime = lifetime if isinstance(lifetime, int) and lifetime > 0 else 60
+                self._valid_until = time.monotonic() + max(1, lifetime - 30)
+            return self._token
+
+
+@dataclass(frozen=True)
+class EdrIdentity:
+    consumer: str  # verified `aud`
+    provider: str | None  # verified `iss`
+    base_url: str  # the provider's connector
+
+    def __repr__(self) -> str:
+        return f"EdrIdentity(base_url={self.base_url!r})"
+
+
+def resolve_connector(settings: ConnectorSettings, provider: str | None) -> str:
+    try:
+        return connector_base(settings, provider)
+    except UnroutableProvider:
+        raise ServiceError(
+            "provider_not_served", "This data plane does not serve the provider that issued the token"
+        ) from None
+    except ConnectorNotConfigured:
+        raise ServiceError(
+            "ds_not_configured", "Dataspace mode is enabled but CONNECTOR_INTERNAL_URL is not configured"
+        ) from None
+
+
+class ConnectorClient:
+    def __init__(self, http: httpx.AsyncClient, settings: GatewaySettings, tokens: ServiceTokens) -> None:
+        self._http = http
+        self._settings = settings
+        self._tokens = tokens
+        self._timeout = settings.connector_timeout_seconds
+        self._edr_keys: dict[str, list[jwt.PyJWK]] = {}  # per connector base, process lifetime
+        self._fetched_at: dict[str, float] = {}
+        self._lock = asyncio.Lock()
+
+    async def _headers(self) -> dict[str, str]:
+        try:
+            token = await self._tokens.token()
+        except (httpx.HTTPError, KeyError, ValueError):
+            raise ServiceError("ds_unavailable", "service credentials unavailable") from None
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    async def _keys(self, base: str, refresh: bool = False) -> list[jwt.PyJWK]:
+        async with self._lock:
+            # a refresh (after a failed verification) is rate-limited: forged tokens must not
+            # turn into a stream of key-set fetches
+            stale = refresh and time.monotonic() - self._fetched_at.get(base, 0.0) >= _REFRESH_SECONDS
+            if stale or base not in self._edr_keys:
+                try:
+                    response = await self._http.get(
+                        f"{base}/internal/edr-jwks", headers=await self._headers(), timeout=self._timeout
+                    )
+                    response.raise_for_status()
+                    raw_keys = response.json().get("keys", [])
+                except (httpx.HTTPError, ValueError, AttributeError):
+                    raise ServiceError("ds_unavailable", "ds-connector key set unavailable") from None
+                keys = []
+                for raw in raw_keys if isinstance(raw_keys, list) else []:
+                    try:
+                        keys.append(jwt.PyJWK.from_dict(raw, algorithm=raw.get("alg") or "ES256"))
+                    except (jwt.PyJWKError, jwt.InvalidKeyError, ValueError, TypeError, AttributeError):
+                        continue
+                if not keys:
+                    raise ServiceError("ds_unavailable", "ds published no usable EDR verification key")
+                self._edr_keys[base] = keys
+                self._fetched_at[base] = time.monotonic()
+            return self._edr_keys[base]
+
+    async def verify_edr(self, token: str | None) -> EdrIdentity:
+        """Reference §1.2: read `iss` unverified only to choose the connector; verify with every
+        key of that connector's set; the verified `aud` is the consumer."""
+        if not token:
+            raise ServiceError("invalid_token", "Dataspace mode requires the EDR token")
+        try:
+            unverified = jwt.decode(token, options={"verify_signature": False})
+        except jwt.PyJWTError:
+            raise ServiceError("invalid_token", "EDR token is not valid") from None
+        iss = unverified.get("iss") if isinstance(unverified.get("iss"), str) else None
+        base = resolve_connector(self._settings, iss)
+        claims = None
+        for refresh in (False, True):  # a rotated connector key is fetched once more
+            for key in await self._keys(base, refresh=refresh):
+                try:
+                    claims = jwt.decode(
+                        token,
+                        key.key,
+                        algorithms=_EDR_ALGORITHMS,
+                        options={"verify_aud": False, "verify_exp": False},
+                    )
+                    break
+                except jwt.PyJWTError:
+                    continue
+            if claims is not None:
+                break
+        if claims is None:
+            raise ServiceError("invalid_token", "EDR token is not valid")
+        aud: Any = claims.get("aud")
+        if isinstance(aud, list):
+            aud = aud[0] if aud else None
+        if not isinstance(aud, str) or not aud:
+            raise ServiceError("invalid_token", "EDR token names no audience")
+        provider = claims.get("iss") if isinstance(claims.get("iss"), str) else None
+        return EdrIdentity(consumer=aud, provider=provider, base_url=base)
+
+    async def authorize(self, base: str, request: AuthorizeRequest) -> DecisionEnvelope:
+        """One call for every touched dataset; unreachable or erroring → 502 ds_unavailable."""
+        headers = await self._headers()
+        try:
+            response = await self._http.post(
+                f"{base}/internal/dataplane/authorize",
+                json=request.model_dump(mode="json"),
+                headers=headers,
+                timeout=self._timeout,
+            )
+        except httpx.HTTPError:
+            raise ServiceError("ds_unavailable", "ds-connector unreachable") from None
+        if response.status_code >= 400:
+            raise ServiceError("ds_unavailable", f"ds-connector error: {response.status_code}")
+        try:
+            return DecisionEnvelope.model_validate(response.json())
+        except (ValidationError, ValueError):
+            raise ServiceError("ds_unavailable", "ds-connector answer unreadable") from None

@@ -1,0 +1,173 @@
+"""The dataspace paths (legacy EDR and DPS pull): the `dataspace_expose` gate, one ds decision for
+every touched dataset, the verdict's filter as the person layer (RF-01, RF-02, RF-06), the
+catalogue's organization layer on the consumer's organizations (GS-13), the expose gate, and the
+disclosure record before any row leaves (RF-10)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from dataplane_contracts.catalogue import DatasetEntry
+from dataplane_contracts.ds import AuthorizeRequest, DataplaneRowFilter, DatasetVerdict, DecisionEnvelope
+from dataplane_contracts.events import DisclosureRecorded
+from dataplane_contracts.plans import Plan
+from dataplane_service_kit.errors import ServiceError
+from query_gateway.access_log import AccessContext
+from query_gateway.gateway import Gateway, QueryBody, page_body
+from query_gateway.layers import REFUSES_DELEGATION, LayerRequest
+from query_gateway.policy import check_available, is_allow_all
+
+
+@dataclass(frozen=True)
+class DataspaceRequest:
+    consumer: str
+    provider: str | None
+    connector_base: str
+    agreement_id: str
+    transfer_id: str | None
+    purpose: tuple[str, ...]
+
+
+def parse_purpose(header: str | None) -> tuple[str, ...]:
+    """`Edc-Purpose`: comma-separated, trimmed, empties dropped."""
+    return tuple(p.strip() for p in (header or "").split(",") if p.strip())
+
+
+def _unenforceable(handler: str, dataset_id: str, why: str) -> ServiceError:
+    return ServiceError(
+        "row_filter_unenforceable",
+        f"Cannot enforce row filter handler '{handler}' for {dataset_id}: {why}; no rows may be served",
+    )
+
+
+@dataclass(frozen=True)
+class _Judged:
+    entry: DatasetEntry
+    verdict: DatasetVerdict
+    person_filter: DataplaneRowFilter | None  # None: no person-layer filter from ds
+
+
+def _judge(gw: Gateway, entry: DatasetEntry, envelope: DecisionEnvelope) -> _Judged:
+    verdict = envelope.verdict_for(entry.id)
+    if verdict is None:
+        raise ServiceError("ds_refused", f"Refused by ds: no verdict for {entry.id}")
+    if verdict.decision != "allow":
+        raise ServiceError("ds_refused", f"Refused by ds: {verdict.reason or 'denied'} ({entry.id})")
+    try:
+        row_filter = verdict.parse_row_filter()  # RF-02: strict, touched datasets only
+    except ValidationError:
+        # the detail names the dataset only: the filter's values are personal data (RF-08)
+        raise ServiceError(
+            "row_filter_unreadable",
+            f"ds-connector sent a row filter this data plane cannot apply for {entry.id}",
+        ) from None
+    person_filter = None
+    if row_filter is not None:
+        binds = gw.binds_of(row_filter.handler)
+        if binds == "unknown":
+            raise _unenforceable(row_filter.handler, entry.id, "unknown handler")
+        if binds == "organization":
+            # ds's copy for a dataset that is not consent-gated: not the person layer (RF-01)
+            if row_filter.principals or row_filter.keys or row_filter.subject_dids:
+                raise _unenforceable(row_filter.handler, entry.id, "it refuses delegation")
+        else:
+            if row_filter.handler in REFUSES_DELEGATION:
+                raise _unenforceable(row_filter.handler, entry.id, "it refuses delegation")
+            person_filter = row_filter
+    layers = entry.row_filters
+    if person_filter is None and not is_allow_all(layers.person):
+        raise ServiceError(
+            "row_policy_denied",
+            f"dataset {entry.id}: no person-layer filter and the person layer is not allow_all",
+        )
+    for name, spec in (("person", layers.person), ("organization", layers.organization)):
+        if spec is None or spec.handler == "deny_all":
+            raise ServiceError("row_policy_denied", f"dataset {entry.id}: the {name} layer admits no rows")
+    return _Judged(entry, verdict, person_filter)
+
+
+async def run_dataspace(
+    gw: Gateway, body: QueryBody, req: DataspaceRequest, ctx: AccessContext
+) -> dict[str, object]:
+    ctx.sub = ctx.client_id = req.consumer
+    ctx.agreement_id = req.agreement_id
+    q = gw.validate(body, ctx)
+    entries = [gw.entries[d] for d in q.dataset_ids]
+    unoffered = sorted(e.id for e in entries if not e.dataspace_expose)
+    if unoffered:
+        ctx.touched = unoffered  # the record names only the offending datasets
+        raise ServiceError("not_offered", f"Dataset not offered in the dataspace: {', '.join(unoffered)}")
+    envelope = await gw.connector.authorize(
+        req.connector_base,
+        AuthorizeRequest(
+            consumer_did=req.consumer,
+            agreement_id=req.agreement_id,
+            transfer_id=req.transfer_id,
+            purpose=list(req.purpose),
+            dataset_ids=list(q.dataset_ids),
+        ),
+    )
+    ctx.decision_ref = envelope.decision_ref
+    if not envelope.allowed:
+        raise ServiceError("ds_refused", f"Refused by ds: {envelope.reason or 'denied'}")
+    judged = []
+    for entry in entries:
+        ctx.current = entry.id
+        judged.append(_judge(gw, entry, envelope))
+    for j in judged:
+        ctx.current = j.entry.id
+        check_available(j.entry)  # the expose gate follows ds's decision
+    ttl = envelope.cache.ttl_seconds if envelope.cache is not None else None
+    plans: dict[str, list[Plan]] = {}
+    for j in judged:
+        ctx.current = j.entry.id
+        plans[j.entry.id] = [await _person_plan(gw, j, ctx, ttl), await _organization_plan(gw, j, ctx, ttl)]
+    ctx.current = None
+    narrowed = gw.narrow(q, plans)
+    page = await gw.execute(narrowed, body, dataspace=True)
+    events = [
+        DisclosureRecorded(
+            provider_participant=req.provider,
+            consumer_id=req.consumer,
+            agreement_id=req.agreement_id,
+            transfer_id=req.transfer_id,
+            dataset_id=j.entry.id,
+            row_count=page.count,
+            decision_ref=envelope.decision_ref,
+            authorized_subject_ids=list(j.person_filter.subject_dids) if j.person_filter else None,
+        )
+        for j in judged
+    ]
+    await gw.disclosures.publish(events)
+    ctx.succeeded()
+    return page_body(page)
+
+
+async def _person_plan(gw: Gateway, j: _Judged, ctx: AccessContext, ttl: int | None) -> Plan:
+    f = j.person_filter
+    if f is None:
+        return Plan.allow_all()  # the catalogue's person layer is allow_all (checked)
+    req = LayerRequest(
+        dataset_id=j.entry.id,
+        handler=f.handler,
+        args=f.args,
+        caller=None,
+        principals=tuple(f.principals),  # delegated, even when empty (RF-05)
+        keys=tuple(f.keys),
+    )
+    return await gw.layer_plan(j.entry, "person", req, ctx, ds_cache_ttl=ttl)
+
+
+async def _organization_plan(gw: Gateway, j: _Judged, ctx: AccessContext, ttl: int | None) -> Plan:
+    spec = j.entry.row_filters.organization
+    assert spec is not None  # _judge
+    req = LayerRequest(
+        dataset_id=j.entry.id,
+        handler=spec.handler,
+        args=spec.args,
+        caller=None,
+        organizations=tuple(j.verdict.organizations or ()),  # none → no rows (GS-13)
+    )
+    return await gw.layer_plan(j.entry, "organization", req, ctx, ds_cache_ttl=ttl)

@@ -1,0 +1,144 @@
+"""The gateway's runtime state and what both paths share: the request body, plan resolution for
+one layer (pure in-process, lookups through the filter-resolver), and execution."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from dataplane_contracts.catalogue import HANDLER_BINDS, PURE_HANDLERS, Binds, Catalogue, DatasetEntry
+from dataplane_contracts.ds import Organization
+from dataplane_contracts.plans import CallerIdentity, ClaimCheck, Plan
+from dataplane_service_kit.errors import ServiceError
+from dataplane_service_kit.logs import get_logger
+from query_gateway.access_log import AccessContext
+from query_gateway.connector import ConnectorClient
+from query_gateway.disclosure import DisclosurePublisher
+from query_gateway.identity import OidcVerifier
+from query_gateway.layers import LayerRequest, apply_pure
+from query_gateway.plan_client import PlanClient
+from query_gateway.pull import PullVerifier
+from query_gateway.settings import GatewaySettings
+from query_gateway.sql import (
+    DEFAULT_LIMIT,
+    ColumnTypes,
+    NarrowedQuery,
+    QueryExecutor,
+    QueryPage,
+    ValidatedQuery,
+    sql_shape,
+    validate_query,
+)
+
+log = get_logger("query_gateway.query")
+
+
+class QueryBody(BaseModel):
+    """`POST /query` (reference §4.1); the same body on `/dps/public/query` and `/query/plan`."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    sql: str | None = None
+    limit: int = DEFAULT_LIMIT
+    offset: int = 0
+    skip_count: bool = False
+
+
+def page_body(page: QueryPage) -> dict[str, Any]:
+    return {
+        "items": page.items,
+        "offset": page.offset,
+        "limit": page.limit,
+        "count": page.count,
+        "total": page.total,
+    }
+
+
+@dataclass
+class Gateway:
+    settings: GatewaySettings
+    catalogue: Catalogue
+    columns: ColumnTypes
+    executor: QueryExecutor
+    plans: PlanClient
+    oidc: OidcVerifier
+    connector: ConnectorClient
+    disclosures: DisclosurePublisher
+    pull: PullVerifier | None = None
+    entries: dict[str, DatasetEntry] = field(default_factory=dict)
+    plugin_binds: dict[str, Binds] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.entries = self.catalogue.by_id()
+        # a plugin is known to this data plane when the catalogue declares it (with its binds)
+        for entry in self.catalogue.datasets:
+            for spec in (entry.row_filters.person, entry.row_filters.organization):
+                if spec is not None and spec.handler not in HANDLER_BINDS and spec.binds is not None:
+                    self.plugin_binds[spec.handler] = spec.binds
+
+    def binds_of(self, handler: str) -> Binds | str | None:
+        """ "person"/"organization"; None for allow_all/deny_all; "unknown" for a stranger."""
+        if handler in HANDLER_BINDS:
+            return HANDLER_BINDS[handler]
+        return self.plugin_binds.get(handler, "unknown")
+
+    # ------------------------------------------------------------------ statement
+    def validate(self, body: QueryBody, ctx: AccessContext) -> ValidatedQuery:
+        if body.sql is None or not body.sql.strip():
+            raise ServiceError("sql_refused", "sql query not provided")
+        q = validate_query(body.sql, self.catalogue)
+        ctx.touched = list(q.dataset_ids)
+        log.debug("query received", shape=sql_shape(body.sql), datasets=list(q.dataset_ids))
+        return q
+
+    # ------------------------------------------------------------------ plans
+    async def layer_plan(
+        self,
+        entry: DatasetEntry,
+        binds: Binds,
+        req: LayerRequest,
+        ctx: AccessContext,
+        *,
+        identity: CallerIdentity | None = None,
+        ds_cache_ttl: int | None = None,
+    ) -> Plan:
+        """A pure handler is applied here; any other goes to the filter-resolver."""
+        if req.handler in PURE_HANDLERS:
+            return apply_pure(req)
+        claim = ClaimCheck(
+            handler=req.handler,
+            args=dict(req.args),
+            table=entry.table,
+            binds=binds,
+            caller=identity,
+            principals=req.principals,
+            keys=req.keys,
+            organizations=tuple(req.organizations) if req.organizations is not None else _orgs(identity),
+            ds_cache_ttl=ds_cache_ttl,
+            request_context={"request_id": ctx.request_id},
+        )
+        return await self.plans.resolve(claim)
+
+    # ------------------------------------------------------------------ execution
+    def narrow(self, q: ValidatedQuery, plans: Mapping[str, Sequence[Plan]]) -> NarrowedQuery:
+        from query_gateway.sql import narrow_query
+
+        return narrow_query(q, self.catalogue, plans, self.columns)
+
+    async def execute(self, narrowed: NarrowedQuery, body: QueryBody, dataspace: bool) -> QueryPage:
+        if dataspace:
+            # RF-08: the predicate's values are the consenting subjects; even the shape stays out
+            log.debug("narrowed statement withheld on a dataspace request")
+        else:
+            log.debug("narrowed statement", shape=sql_shape(narrowed.sql), params=list(narrowed.param_labels))
+        limit = body.limit if body.limit > 0 else DEFAULT_LIMIT
+        return await self.executor.run(
+            narrowed, offset=max(0, body.offset), limit=limit, skip_count=body.skip_count
+        )
+
+
+def _orgs(identity: CallerIdentity | None) -> tuple[Organization, ...]:
+    return identity.organizations if identity is not None else ()

@@ -1,0 +1,210 @@
+"""The normal path's caller: an OIDC bearer verified against the issuer's JWKS (cached, refetched
+on an unknown `kid`), normalised as reference §2.4 (ADR-0001, ADR-0002)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import jwt
+
+from dataplane_contracts.ds import Organization
+from dataplane_contracts.plans import CallerIdentity
+from dataplane_service_kit.errors import ServiceError
+from query_gateway.settings import PLATFORM_ADMIN_ROLE
+
+READING_GROUPS = frozenset({"admins", "managers", "viewers"})
+_ALGORITHMS = ["RS256", "ES256", "RS384", "ES384", "RS512", "PS256"]
+_MIN_REFETCH_SECONDS = 1.0  # an unknown kid refetches at most this often (no fetch storms)
+
+
+@dataclass(frozen=True)
+class OrgMembership:
+    alias: str
+    types: tuple[str, ...]
+    groups: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Caller:
+    """A verified caller. `token` is kept only to forward to a lookup handler; never logged."""
+
+    sub: str | None
+    username: str | None
+    email: str | None
+    client_id: str | None
+    roles: frozenset[str]
+    scopes: frozenset[str]
+    service_account: bool
+    orgs: tuple[OrgMembership, ...]
+    exp: int | None
+    token: str = field(repr=False)
+
+    @property
+    def platform_admin(self) -> bool:
+        return PLATFORM_ADMIN_ROLE in self.roles
+
+    @property
+    def groups(self) -> tuple[str, ...]:
+        return tuple(sorted({g for o in self.orgs for g in o.groups}))
+
+    def reading_orgs(self) -> tuple[OrgMembership, ...]:
+        """Organizations in which the caller holds a reading group (ADR-0002), sorted by alias."""
+        return tuple(sorted((o for o in self.orgs if READING_GROUPS & set(o.groups)), key=lambda o: o.alias))
+
+    def identity(self) -> CallerIdentity:
+        return CallerIdentity(
+            sub=self.sub,
+            username=self.username,
+            email=self.email,
+            service_account=self.service_account,
+            token=self.token,
+            token_exp=self.exp,
+            organizations=tuple(Organization(alias=o.alias, types=o.types) for o in self.reading_orgs()),
+        )
+
+    def __repr__(self) -> str:
+        return f"Caller(service_account={self.service_account}, <hidden>)"
+
+    __str__ = __repr__
+
+
+def _str_list(raw: object) -> list[str]:
+    if isinstance(raw, str):
+        return [raw]
+    if isinstance(raw, list):
+        return [x for x in raw if isinstance(x, str)]
+    return []
+
+
+def _organizations(claim: object) -> tuple[OrgMembership, ...]:
+    """`organization: {alias: {type|attributes.type, groups: ["/viewers"]}}`; leading `/` stripped."""
+    if not isinstance(claim, dict):
+        return ()
+    out = []
+    for alias, raw in sorted(claim.items()):
+        if not isinstance(alias, str) or not alias:
+            continue
+        body = raw if isinstance(raw, dict) else {}
+        types_raw = body.get("type", body.get("types"))
+        attributes = body.get("attributes")
+        if types_raw is None and isinstance(attributes, dict):
+            types_raw = attributes.get("type", attributes.get("types"))
+        groups = sorted({g.lstrip("/") for g in _str_list(body.get("groups")) if g.lstrip("/")})
+        out.append(OrgMembership(alias, tuple(_str_list(types_raw)), tuple(groups)))
+    return tuple(out)
+
+
+def normalise(claims: dict[str, Any], token: str) -> Caller:
+    """Reference §2.4: roles only from realm_access.roles; groups only inside organizations."""
+    username = claims.get("preferred_username") or claims.get("email")
+    realm = claims.get("realm_access")
+    roles = frozenset(_str_list(realm.get("roles")) if isinstance(realm, dict) else [])
+    scope = claims.get("scope")
+    service = (isinstance(username, str) and username.startswith("service-account-")) or claims.get(
+        "gty"
+    ) == "client-credentials"
+    exp = claims.get("exp")
+    client_id = claims.get("azp") or claims.get("client_id")
+    return Caller(
+        sub=claims.get("sub") if isinstance(claims.get("sub"), str) else None,
+        username=username if isinstance(username, str) else None,
+        email=claims.get("email") if isinstance(claims.get("email"), str) else None,
+        client_id=client_id if isinstance(client_id, str) else None,
+        roles=roles,
+        scopes=frozenset(scope.split()) if isinstance(scope, str) else frozenset(),
+        service_account=bool(service),
+        orgs=_organizations(claims.get("organization")),
+        exp=exp if isinstance(exp, int) else None,
+        token=token,
+    )
+
+
+class OidcVerifier:
+    """JWKS fetched lazily, cached, and refetched when a token names a `kid` it does not hold."""
+
+    def __init__(
+        self, http: httpx.AsyncClient, jwks_uri: str | None, issuer: str | None, audience: str | None
+    ) -> None:
+        self._http = http
+        self._jwks_uri = jwks_uri
+        self._issuer = issuer
+        self._audience = audience
+        self._keys: dict[str, jwt.PyJWK] = {}
+        self._anonymous_keys: list[jwt.PyJWK] = []
+        self._fetched_at = 0.0
+        self._lock = asyncio.Lock()
+
+    async def _fetch(self) -> None:
+        assert self._jwks_uri is not None
+        response = await self._http.get(self._jwks_uri, timeout=5.0)
+        response.raise_for_status()
+        keys: dict[str, jwt.PyJWK] = {}
+        anonymous: list[jwt.PyJWK] = []
+        for raw in response.json().get("keys", []):
+            try:
+                key = jwt.PyJWK.from_dict(raw)
+            except (jwt.PyJWKError, jwt.InvalidKeyError, ValueError, TypeError):
+                continue  # an unusable key is skipped, the others still verify
+            if isinstance(raw.get("kid"), str):
+                keys[raw["kid"]] = key
+            else:
+                anonymous.append(key)
+        self._keys, self._anonymous_keys = keys, anonymous
+        self._fetched_at = time.monotonic()
+
+    async def _key_for(self, kid: str | None) -> list[jwt.PyJWK]:
+        async with self._lock:
+            if not self._fetched_at:
+                await self._fetch()
+            elif kid is not None and kid not in self._keys:
+                # an unknown kid refetches; under the lock, so a burst of forged kids costs one
+                # fetch per interval, while a real rotation is accepted after at most one interval
+                since = time.monotonic() - self._fetched_at
+                if since < _MIN_REFETCH_SECONDS:
+                    await asyncio.sleep(_MIN_REFETCH_SECONDS - since)
+                await self._fetch()
+            if kid is not None and kid in self._keys:
+                return [self._keys[kid]]
+            return list(self._anonymous_keys) if kid is None else []
+
+    async def verify(self, token: str) -> Caller:
+        """401 invalid_token for anything but a token this issuer signed for this audience."""
+        if self._jwks_uri is None:
+            raise ServiceError("invalid_token", "bearer tokens cannot be verified: no issuer configured")
+        try:
+            header = jwt.get_unverified_header(token)
+        except jwt.PyJWTError:
+            raise ServiceError("invalid_token", "bearer token is not valid") from None
+        kid = header.get("kid") if isinstance(header.get("kid"), str) else None
+        try:
+            keys = await self._key_for(kid)
+        except (httpx.HTTPError, ValueError):
+            raise ServiceError("invalid_token", "bearer token cannot be verified now") from None
+        for key in keys:
+            try:
+                claims: dict[str, Any] = jwt.decode(
+                    token,
+                    key.key,
+                    algorithms=_ALGORITHMS,
+                    audience=self._audience,
+                    issuer=self._issuer,
+                    options={"verify_aud": self._audience is not None, "require": ["exp"]},
+                )
+            except jwt.PyJWTError:
+                continue
+            return normalise(claims, token)
+        raise ServiceError("invalid_token", "bearer token is not valid")
+
+
+def bearer(header: str | None) -> str | None:
+    """The token of an `Authorization: Bearer …` header; None when absent or empty."""
+    if not header:
+        return None
+    scheme, _, token = header.strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()

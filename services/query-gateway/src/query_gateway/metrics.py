@@ -1,0 +1,13 @@
+"""Prometheus metrics of the gateway (default registry, served by /metrics)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter
+
+REQUESTS = Counter(
+    "query_gateway_requests_total",
+    "Query requests by path, status and error code",
+    ["path", "status", "code"],
+)
+PLAN_CACHE = Counter("query_gateway_plan_cache_total", "Plan lookups by tier result", ["result"])
+DISCLOSURES = Counter("query_gateway_disclosures_published_total", "Disclosure events acknowledged")

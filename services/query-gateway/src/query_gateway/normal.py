@@ -1,0 +1,73 @@
+"""The normal API path (ARCHITECTURE "Paths"): the caller's own OIDC bearer, access level and
+policy, platform-admin, the two catalogue layers evaluated for the caller (self-service)."""
+
+from __future__ import annotations
+
+from dataplane_contracts.catalogue import Binds
+from dataplane_contracts.plans import Plan
+from dataplane_service_kit.errors import ServiceError
+from query_gateway.access_log import AccessContext
+from query_gateway.gateway import Gateway, QueryBody
+from query_gateway.identity import Caller
+from query_gateway.layers import LayerRequest
+from query_gateway.policy import check_available, check_layers_declared, check_policy, needs_caller
+from query_gateway.sql import NarrowedQuery
+
+LAYERS: tuple[Binds, Binds] = ("person", "organization")
+
+
+async def plan_normal(
+    gw: Gateway, body: QueryBody, caller: Caller | None, ctx: AccessContext
+) -> NarrowedQuery:
+    """Everything up to the rewritten statement; every refusal is raised before any handler runs."""
+    q = gw.validate(body, ctx)
+    entries = [gw.entries[d] for d in q.dataset_ids]
+    for entry in entries:
+        ctx.current = entry.id
+        check_available(entry)
+        if caller is None and needs_caller(entry):
+            raise ServiceError("auth_required", f"Dataset {entry.id} requires authentication")
+        if caller is not None:
+            check_policy(entry, caller)
+        if caller is None or not caller.platform_admin:
+            check_layers_declared(entry)
+    plans: dict[str, list[Plan]] = {}
+    identity = caller.identity() if caller is not None else None
+    for entry in entries:
+        ctx.current = entry.id
+        if caller is not None and caller.platform_admin:
+            plans[entry.id] = []  # ADR-0001: the platform-admin realm role skips row filters
+            continue
+        layer_plans = []
+        for layer in LAYERS:
+            spec = getattr(entry.row_filters, layer)
+            assert spec is not None  # check_layers_declared
+            req = LayerRequest(dataset_id=entry.id, handler=spec.handler, args=spec.args, caller=caller)
+            layer_plans.append(await gw.layer_plan(entry, layer, req, ctx, identity=identity))
+        plans[entry.id] = layer_plans
+    ctx.current = None
+    return gw.narrow(q, plans)
+
+
+async def run_normal(
+    gw: Gateway, body: QueryBody, caller: Caller | None, ctx: AccessContext
+) -> dict[str, object]:
+    from query_gateway.gateway import page_body
+
+    narrowed = await plan_normal(gw, body, caller, ctx)
+    page = await gw.execute(narrowed, body, dataspace=False)
+    ctx.succeeded()
+    return page_body(page)
+
+
+async def explain_normal(
+    gw: Gateway, body: QueryBody, caller: Caller | None, ctx: AccessContext
+) -> dict[str, object]:
+    """`POST /query/plan`: the rewritten statement with each parameter labelled, never its values."""
+    narrowed = await plan_normal(gw, body, caller, ctx)
+    ctx.succeeded()
+    return {
+        "sql": narrowed.sql,
+        "params": [{"param": f"${i}", "label": label} for i, label in enumerate(narrowed.param_labels, 1)],
+        "denied": narrowed.denied,
+    }

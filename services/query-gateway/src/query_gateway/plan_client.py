@@ -1,0 +1,256 @@
+"""The gateway side of the filter-resolver protocol (ARCHITECTURE "Two phases of a row filter").
+
+Tiers: an in-process LRU (at most ROW_FILTERS_CACHE_MAXSIZE plans, honouring the Redis TTL), then
+Redis, then a `PlanRequest` naming only the hashed cache key and a claim-check id; the inputs wait
+in Redis under the claim id. Replies are read by manual assignment of one partition (no group),
+from its end, keeping only this instance's correlation ids. Identical misses coalesce."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+import zlib
+from collections import OrderedDict
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import redis.asyncio as aioredis
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
+from pydantic import ValidationError
+from redis.exceptions import RedisError
+
+from dataplane_contracts.events import PlanRequest, PlanResolved
+from dataplane_contracts.plans import (
+    ClaimCheck,
+    Plan,
+    plan_cache_key,
+    redis_claim_key,
+    redis_one_shot_key,
+    redis_plan_key,
+)
+from dataplane_contracts.topics import PLAN_REPLIES, PLAN_REQUESTS
+from dataplane_service_kit.errors import ServiceError
+from dataplane_service_kit.logs import get_logger
+from dataplane_service_kit.telemetry import kafka_headers
+from query_gateway.metrics import PLAN_CACHE
+from query_gateway.settings import GatewaySettings
+
+log = get_logger("query_gateway.plans")
+
+
+def _unavailable(detail: str) -> ServiceError:
+    return ServiceError("row_filter_unavailable", detail)
+
+
+class PlanLru:
+    """Plans by cache key with their expiry; oldest evicted first when full."""
+
+    def __init__(self, maxsize: int) -> None:
+        self._maxsize = maxsize
+        self._items: OrderedDict[str, tuple[Plan, float]] = OrderedDict()
+
+    def get(self, key: str) -> Plan | None:
+        item = self._items.get(key)
+        if item is None:
+            return None
+        if item[1] <= time.monotonic():
+            del self._items[key]
+            return None
+        self._items.move_to_end(key)
+        return item[0]
+
+    def put(self, key: str, plan: Plan, ttl_seconds: float) -> None:
+        if ttl_seconds <= 0:
+            return
+        self._items[key] = (plan, time.monotonic() + ttl_seconds)
+        self._items.move_to_end(key)
+        while len(self._items) > self._maxsize:
+            self._items.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class PlanClient:
+    def __init__(self, settings: GatewaySettings, redis: aioredis.Redis, producer: AIOKafkaProducer) -> None:
+        self._settings = settings
+        self._redis = redis
+        self._producer = producer
+        self._secret = settings.row_filters_cache_key_secret.get_secret_value().encode()
+        self._timeout = settings.row_filters_resolve_timeout_ms / 1000
+        self.lru = PlanLru(settings.row_filters_cache_maxsize)
+        self._inflight: dict[str, asyncio.Task[Plan]] = {}
+        self._pending: dict[str, asyncio.Future[PlanResolved]] = {}
+        self._consumer: AIOKafkaConsumer | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self.reply_partition: int | None = None
+        self.positioned = False
+
+    # ------------------------------------------------------------------ replies
+    async def start(self) -> None:
+        """Assign one reply partition and position it at its end before any request is sent."""
+        partitions = sorted(await self._producer.partitions_for(PLAN_REPLIES))
+        if not partitions:
+            raise RuntimeError(f"topic {PLAN_REPLIES} has no partitions")
+        chosen = self._settings.plan_reply_partition
+        if chosen is None:
+            chosen = partitions[zlib.crc32(uuid.uuid4().bytes) % len(partitions)]
+        if chosen not in partitions:
+            raise RuntimeError(f"PLAN_REPLY_PARTITION {chosen} does not exist on {PLAN_REPLIES}")
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self._settings.kafka_bootstrap_servers,
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="latest",
+            fetch_max_wait_ms=self._settings.kafka_fetch_max_wait_ms,
+        )
+        await consumer.start()
+        tp = TopicPartition(PLAN_REPLIES, chosen)
+        consumer.assign([tp])
+        await consumer.seek_to_end(tp)
+        await consumer.position(tp)  # resolves the end offset now: from here no reply is missed
+        self._consumer = consumer
+        self.reply_partition = chosen
+        self.positioned = True
+        self._reader = asyncio.create_task(self._read(consumer), name="plan-replies")
+
+    async def stop(self) -> None:
+        self.positioned = False
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        if self._consumer is not None:
+            # a broker that is gone must not hold the shutdown
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(self._consumer.stop(), 10)
+
+    async def _read(self, consumer: AIOKafkaConsumer) -> None:
+        while True:
+            try:
+                batches: dict[Any, list[Any]] = await consumer.getmany(timeout_ms=1000)
+            except KafkaError as exc:  # transient: keep the partition, keep reading
+                log.warning("plan replies unreadable", error=type(exc).__name__)
+                await asyncio.sleep(0.5)
+                continue
+            for records in batches.values():
+                for record in records:
+                    self._dispatch(record.value)
+
+    def _dispatch(self, value: bytes | None) -> None:
+        if not value:
+            return
+        try:
+            reply = PlanResolved.model_validate_json(value)
+        except ValidationError:
+            log.warning("unreadable plan reply skipped")
+            return
+        future = self._pending.get(reply.correlation_id)
+        if future is not None and not future.done():  # other instances' replies are ignored
+            future.set_result(reply)
+
+    # ------------------------------------------------------------------ resolve
+    async def resolve(self, claim: ClaimCheck) -> Plan:
+        key = plan_cache_key(claim.key_inputs(), self._secret)
+        plan = self.lru.get(key)
+        if plan is None:
+            plan = await self._from_redis(key)
+        if plan is not None:
+            PLAN_CACHE.labels("hit").inc()
+            return plan
+        PLAN_CACHE.labels("miss").inc()
+        task = self._inflight.get(key)
+        if task is None:
+            task = asyncio.create_task(self._request_plan(key, claim))
+            self._inflight[key] = task
+            task.add_done_callback(self._forget(key))
+        return await asyncio.shield(task)
+
+    def _forget(self, key: str) -> Callable[[asyncio.Task[Plan]], None]:
+        def done(_task: asyncio.Task[Plan]) -> None:
+            self._inflight.pop(key, None)
+
+        return done
+
+    async def _from_redis(self, key: str) -> Plan | None:
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.get(redis_plan_key(key))
+                pipe.pttl(redis_plan_key(key))
+                raw, pttl = await pipe.execute()
+        except RedisError:
+            raise _unavailable("plan cache unavailable") from None
+        if raw is None:
+            return None
+        try:
+            plan = Plan.model_validate_json(raw)
+        except ValidationError:
+            raise _unavailable("cached plan unreadable") from None
+        ttl = pttl / 1000 if isinstance(pttl, int) and pttl > 0 else self._settings.row_filters_cache_ttl
+        self.lru.put(key, plan, ttl)
+        return plan
+
+    async def _request_plan(self, key: str, claim: ClaimCheck) -> Plan:
+        for _attempt in range(2):  # a plan gone when read is requested once more, then 503
+            reply = await self._ask(key, claim)
+            if reply.outcome == "error":
+                code = reply.error_code or "row_filter_unavailable"
+                raise ServiceError(code, reply.error_detail or "row filter resolution failed")
+            try:
+                if reply.outcome == "one_shot":
+                    assert reply.one_shot_id is not None
+                    raw = await self._redis.getdel(redis_one_shot_key(reply.one_shot_id))
+                    if raw is not None:
+                        return Plan.model_validate_json(raw)
+                else:
+                    plan = await self._from_redis(key)
+                    if plan is not None:
+                        return plan
+            except RedisError:
+                raise _unavailable("plan cache unavailable") from None
+            except ValidationError:
+                raise _unavailable("resolved plan unreadable") from None
+        raise _unavailable("resolved plan vanished before it was read")
+
+    async def _ask(self, key: str, claim: ClaimCheck) -> PlanResolved:
+        if not self.positioned or self.reply_partition is None:
+            raise _unavailable("plan replies are not being read")
+        claim_id, correlation_id = uuid.uuid4().hex, uuid.uuid4().hex
+        deadline = datetime.now(UTC) + timedelta(seconds=self._timeout)
+        future: asyncio.Future[PlanResolved] = asyncio.get_running_loop().create_future()
+        self._pending[correlation_id] = future
+        try:
+            async with asyncio.timeout(self._timeout):
+                try:
+                    await self._redis.set(
+                        redis_claim_key(claim_id),
+                        claim.model_dump_json(),
+                        px=max(1, int(self._timeout * 1000)),
+                    )
+                except RedisError:
+                    raise _unavailable("claim check could not be stored") from None
+                request = PlanRequest(
+                    cache_key=key,
+                    claim_check_id=claim_id,
+                    correlation_id=correlation_id,
+                    reply_topic=PLAN_REPLIES,
+                    reply_partition=self.reply_partition,
+                    deadline=deadline,
+                )
+                await self._producer.send_and_wait(
+                    PLAN_REQUESTS,
+                    request.model_dump_json().encode(),
+                    key=key.encode(),
+                    headers=kafka_headers(),
+                )
+                return await future
+        except TimeoutError:
+            raise _unavailable("row filter resolution timed out") from None
+        except KafkaError:
+            raise _unavailable("plan request could not be published") from None
+        finally:
+            self._pending.pop(correlation_id, None)

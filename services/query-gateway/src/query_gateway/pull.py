@@ -1,0 +1,103 @@
+"""DPS-09: the pull token, verified with signaling's public key and looked up in the pull-grant
+view on every request (never cached: a retired token is refused from the moment it retired)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import asyncpg
+import jwt
+from pydantic import ValidationError
+
+from dataplane_contracts.dps import (
+    PULL_GRANT_COLUMNS,
+    PULL_GRANT_VIEW,
+    PULL_TOKEN_ALGORITHM,
+    FlowState,
+    PullTokenClaims,
+)
+from dataplane_service_kit.errors import ServiceError
+
+
+@dataclass(frozen=True)
+class PullGrant:
+    flow_id: str
+    state: str
+    agreement_id: str
+    dataset_id: str
+    participant_id: str
+    counter_party_id: str
+
+
+@dataclass(frozen=True)
+class VerifiedPull:
+    consumer: str  # the token's aud
+    provider: str  # the flow's participant
+    agreement_id: str  # the flow's agreement
+    flow_id: str
+
+
+def pull_token_of(header: str | None) -> str | None:
+    """The token from `Authorization`, with or without the `Bearer` prefix."""
+    if header is None:
+        return None
+    value = header.strip()
+    if value[:7].lower() == "bearer ":
+        value = value[7:].strip()
+    elif value.lower() == "bearer":
+        value = ""
+    return value or None
+
+
+# a constant view name; the token id is a bound parameter
+_GRANT_SQL = f"SELECT {', '.join(PULL_GRANT_COLUMNS[1:])} FROM {PULL_GRANT_VIEW} WHERE token_id = $1"  # noqa: S608
+
+
+class PullVerifier:
+    def __init__(self, public_key_pem: str, flows_pool: asyncpg.Pool) -> None:
+        self._key = public_key_pem
+        self._pool = flows_pool
+
+    def claims(self, token: str | None) -> PullTokenClaims:
+        if token is None:
+            raise ServiceError("pull_token", "a pull needs the token from the data address")
+        try:
+            raw = jwt.decode(
+                token,
+                self._key,
+                algorithms=[PULL_TOKEN_ALGORITHM],
+                options={"verify_aud": False, "verify_exp": False, "require": ["jti", "iss", "sub", "aud"]},
+            )
+            return PullTokenClaims.model_validate(raw)
+        except (jwt.PyJWTError, ValidationError, ValueError):
+            raise ServiceError("pull_token", "pull token is not valid") from None
+
+    async def grant(self, jti: str) -> PullGrant | None:
+        try:
+            async with self._pool.acquire() as conn:
+                row = await conn.fetchrow(_GRANT_SQL, jti)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            raise ServiceError("database_unavailable", "the pull grants cannot be read now") from None
+        if row is None:
+            return None
+        return PullGrant(**{k: str(row[k]) for k in row.keys()})  # noqa: SIM118 - asyncpg Record
+
+    async def verify(self, header: str | None, agreement_header: str | None) -> VerifiedPull:
+        """DPS-09 refusals, in order: 401 pull_token (no/invalid/not live token), 403
+        flow_not_started, 401 pull_token (aud/iss ≠ flow), 403 agreement_mismatch."""
+        claims = self.claims(pull_token_of(header))
+        grant = await self.grant(claims.jti)
+        if grant is None:
+            raise ServiceError("pull_token", "pull token is not live")
+        if grant.state != FlowState.STARTED.value:
+            raise ServiceError("flow_not_started", f"data flow is {grant.state}")
+        if claims.aud != grant.counter_party_id or claims.iss != grant.participant_id:
+            raise ServiceError("pull_token", "pull token does not match its data flow")
+        if agreement_header and agreement_header != grant.agreement_id:
+            raise ServiceError("agreement_mismatch", "the agreement header does not match the data flow")
+        return VerifiedPull(
+            consumer=claims.aud,
+            provider=grant.participant_id,
+            agreement_id=grant.agreement_id,
+            flow_id=grant.flow_id,
+        )

@@ -1,0 +1,64 @@
+"""query-gateway configuration (ARCHITECTURE.md "Configuration"). A misconfigured gateway refuses
+to start naming the variable; it never starts degraded."""
+
+from __future__ import annotations
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from pydantic import Field, field_validator, model_validator
+
+from dataplane_contracts.settings import (
+    ConnectorSettings,
+    HttpSettings,
+    KafkaSettings,
+    OidcSettings,
+    PlanCacheSettings,
+    RedisSettings,
+)
+
+PLATFORM_ADMIN_ROLE = "platform-admin"
+
+
+class GatewaySettings(
+    HttpSettings, KafkaSettings, RedisSettings, PlanCacheSettings, OidcSettings, ConnectorSettings
+):
+    catalogue_path: str = Field(min_length=1)
+    datasets_database_url: str = Field(min_length=1)
+    row_filters_resolve_timeout_ms: int = Field(default=20_000, ge=1)
+    audit_publish_timeout_ms: int = Field(default=5_000, ge=1)
+    query_statement_timeout_ms: int = Field(default=5_000, ge=1)
+    edr_enabled: bool = False
+    dps_enabled: bool = False
+    dps_token_public_key: str | None = None
+    dps_flows_database_url: str | None = None
+    # the plan.replies partition this instance reads; unset = derived from a random instance id
+    plan_reply_partition: int | None = Field(default=None, ge=0)
+    connector_timeout_seconds: float = Field(default=5.0, gt=0)
+
+    @field_validator("dps_token_public_key")
+    @classmethod
+    def _ec_public_key(cls, v: str | None) -> str | None:
+        if v is None or not v.strip():
+            return None
+        try:
+            key = serialization.load_pem_public_key(v.encode())
+        except ValueError:
+            raise ValueError("must be a PEM public key") from None
+        if not isinstance(key, ec.EllipticCurvePublicKey):
+            raise ValueError("must be an EC (P-256) public key")
+        return v
+
+    @model_validator(mode="after")
+    def _dps_complete(self) -> GatewaySettings:
+        if self.dps_enabled:
+            missing = [
+                name
+                for name, value in (
+                    ("DPS_TOKEN_PUBLIC_KEY", self.dps_token_public_key),
+                    ("DPS_FLOWS_DATABASE_URL", self.dps_flows_database_url),
+                )
+                if not value
+            ]
+            if missing:
+                raise ValueError(f"DPS_ENABLED requires {', '.join(missing)}")
+        return self

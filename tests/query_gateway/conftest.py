@@ -1,0 +1,112 @@
+"""query-gateway fixtures: a seeded datasets database, the OIDC issuer and ds connector doubles as
+real HTTP servers, the session broker with every topic, and the gateway app in-process."""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import httpx
+import pytest
+
+from dataplane_contracts.topics import AUDIT_DISCLOSURES, topic_specs
+from dataplane_contracts.topics_cli import create_topics
+from dataplane_local.doubles.ds_connector import DsConnectorDouble
+from dataplane_local.doubles.ds_connector import create_app as ds_app
+from dataplane_local.doubles.oidc import JWKS_PATH, OidcIssuer, start_oidc_issuer
+from dataplane_local.doubles.server import RunningServer, serve_in_thread
+from dataplane_service_kit.logs import configure_logging
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from gateway_support import (
+    CLIENT_ID,
+    CLIENT_SECRET,
+    SEED,
+    TopicTail,
+    World,
+    ds_policy,
+    running_gateway,
+)
+
+
+@pytest.fixture(scope="session")
+def json_logs() -> None:
+    configure_logging("query-gateway", "DEBUG")
+
+
+@pytest.fixture(scope="session")
+async def datasets_url(postgres_url: str) -> AsyncIterator[str]:
+    name = f"gw_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(postgres_url)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    await admin.close()
+    url = f"{postgres_url.rpartition('/')[0]}/{name}"
+    conn = await asyncpg.connect(url)
+    await conn.execute(SEED)
+    await conn.close()
+    yield url
+    admin = await asyncpg.connect(postgres_url)
+    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    await admin.close()
+
+
+@pytest.fixture(scope="session")
+def oidc() -> Iterator[OidcIssuer]:
+    issuer, server = start_oidc_issuer(clients={CLIENT_ID: CLIENT_SECRET})
+    yield issuer
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def ds_server(oidc: OidcIssuer) -> Iterator[tuple[DsConnectorDouble, RunningServer]]:
+    # the double checks the gateway's client-credentials bearer against the issuer
+    state = DsConnectorDouble(ds_policy([]), service_auth={"jwks_url": oidc.base_url + JWKS_PATH})
+    server = serve_in_thread(ds_app(state))
+    yield state, server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+async def topics(kafka_bootstrap: str) -> str:
+    # aiokafka refuses a replication factor of -1 (the contracts CLI default); one broker here
+    os.environ.setdefault("KAFKA_REPLICATION_FACTOR", "1")
+    await create_topics(kafka_bootstrap, topic_specs())
+    return kafka_bootstrap
+
+
+@pytest.fixture(scope="session")
+def world(
+    datasets_url: str,
+    oidc: OidcIssuer,
+    ds_server: tuple[DsConnectorDouble, RunningServer],
+    topics: str,
+    redis_server_url: str,
+    json_logs: None,
+) -> World:
+    state, server = ds_server
+    return World(datasets_url, oidc, state, server.url, topics, redis_server_url)
+
+
+@pytest.fixture(scope="session")
+async def client(world: World) -> AsyncIterator[httpx.AsyncClient]:
+    async with running_gateway(world.settings()) as c:
+        yield c
+
+
+@pytest.fixture
+def ds(world: World) -> Iterator[DsConnectorDouble]:
+    world.ds.clear_faults()
+    world.ds.clear_calls()
+    yield world.ds
+    world.ds.clear_faults()
+
+
+@pytest.fixture
+async def disclosures(world: World) -> AsyncIterator[TopicTail]:
+    async with TopicTail(world.kafka, AUDIT_DISCLOSURES) as tail:
+        yield tail
