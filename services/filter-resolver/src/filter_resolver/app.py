@@ -1,0 +1,163 @@
+"""The resolver's process: the Kafka consumer and a small HTTP app for /healthz /readyz /metrics.
+
+Clients (Redis, httpx, the datasets pool, Kafka) are created in the lifespan and closed there.
+Plugins are loaded in create_app, so a plugin module that cannot be used stops the start."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import asyncpg
+import httpx
+import redis.asyncio as aioredis
+from fastapi import FastAPI
+
+from dataplane_service_kit.health import ReadinessCheck, health_router
+from dataplane_service_kit.logs import get_logger
+from filter_resolver.consumer import PlanRequestConsumer
+from filter_resolver.handlers.http_in_list import HttpInListHandler
+from filter_resolver.handlers.plugins import PluginHandler, load_entry_point_plugins, load_module_plugins
+from filter_resolver.handlers.rec_registry import RecRegistryHandler
+from filter_resolver.handlers.table_pointer import TablePointerHandler
+from filter_resolver.metrics import Metrics
+from filter_resolver.registry import HandlerRegistry
+from filter_resolver.resolver import Resolver
+from filter_resolver.settings import Settings
+from filter_resolver.tokens import ClientCredentials
+
+log = get_logger(__name__)
+
+
+@dataclass
+class Runtime:
+    """The clients and the resolver; `checks()` reads it per /readyz request."""
+
+    redis: aioredis.Redis
+    http: httpx.AsyncClient
+    pool: DatasetsPool
+    registry: HandlerRegistry
+    resolver: Resolver
+    consumer: PlanRequestConsumer | None = None
+
+    def checks(self) -> Mapping[str, ReadinessCheck]:
+        async def kafka() -> bool:
+            return self.consumer is not None and self.consumer.ready()
+
+        async def redis() -> bool:
+            return bool(await self.redis.ping())
+
+        return {"kafka": kafka, "redis": redis}
+
+    async def aclose(self) -> None:
+        if self.consumer is not None:
+            await self.consumer.stop()
+        await self.http.aclose()
+        await self.pool.close()
+        await self.redis.aclose()
+
+
+class DatasetsPool:
+    """The read-only datasets pool, opened on first use so a resolver without table_pointer
+    datasets never needs the database."""
+
+    def __init__(self, url: str | None) -> None:
+        self._url = url
+        self._pool: asyncpg.Pool | None = None
+        self._lock = asyncio.Lock()
+
+    async def get(self) -> asyncpg.Pool | None:
+        if self._url is None:
+            return None
+        async with self._lock:
+            if self._pool is None:
+                self._pool = await asyncpg.create_pool(
+                    self._url,
+                    min_size=0,
+                    max_size=5,
+                    # defence in depth beside the read-only role: this service never writes there
+                    server_settings={"default_transaction_read_only": "on"},
+                )
+            return self._pool
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+
+def load_plugins(settings: Settings) -> list[PluginHandler]:
+    """ROW_FILTERS_MODULES (a failure is fatal), then the entry points (RF-09)."""
+    return [*load_module_plugins(settings.row_filters_modules), *load_entry_point_plugins()]
+
+
+def open_runtime(settings: Settings, metrics: Metrics, plugins: list[PluginHandler]) -> Runtime:
+    """Build the clients, the handler registry and the resolver (no Kafka yet)."""
+    redis = aioredis.from_url(settings.redis_url)
+    http = httpx.AsyncClient(follow_redirects=False)
+    db_url = settings.datasets_database_url
+    pool = DatasetsPool(db_url.get_secret_value() if db_url else None)
+    secret = settings.celine_oidc_client_secret
+    credentials = ClientCredentials(
+        http,
+        token_url=settings.oidc_token_url(),
+        client_id=settings.celine_oidc_client_id,
+        client_secret=secret.get_secret_value() if secret else None,
+        scope=settings.rec_registry_lookup_scope,
+        timeout_s=settings.rec_registry_timeout_seconds,
+    )
+    registry = HandlerRegistry()
+    timeout = settings.rec_registry_timeout_seconds
+    registry.add(RecRegistryHandler(http, credentials, settings.rec_registry_url, timeout))
+    registry.add(HttpInListHandler(http))
+    registry.add(TablePointerHandler(pool.get))
+    registry.extend(plugins)
+    resolver = Resolver(
+        redis=redis,
+        registry=registry,
+        secret=settings.row_filters_cache_key_secret.get_secret_value().encode(),
+        default_ttl=settings.row_filters_cache_ttl,
+        retry_attempts=settings.resolver_retry_attempts,
+        retry_base_ms=settings.resolver_retry_base_ms,
+        metrics=metrics,
+    )
+    return Runtime(redis=redis, http=http, pool=pool, registry=registry, resolver=resolver)
+
+
+def create_app(settings: Settings, metrics: Metrics | None = None) -> FastAPI:
+    metrics = metrics or Metrics()
+    plugins = load_plugins(settings)  # before serving: a bad plugin module stops the start
+    holder: dict[str, Runtime] = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        runtime = open_runtime(settings, metrics, plugins)
+        runtime.consumer = PlanRequestConsumer(settings, runtime.resolver, metrics)
+        runtime.consumer.start()
+        holder["runtime"] = runtime
+        app.state.runtime = runtime
+        log.info(
+            "filter_resolver_started", handlers=runtime.registry.names(), topic=settings.plan_requests_topic
+        )
+        try:
+            yield
+        finally:
+            holder.pop("runtime", None)
+            await runtime.aclose()
+
+    def checks() -> Mapping[str, ReadinessCheck]:
+        runtime = holder.get("runtime")
+        if runtime is None:
+            return {"kafka": _never, "redis": _never}
+        return runtime.checks()
+
+    app = FastAPI(title="filter-resolver", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.metrics = metrics
+    app.include_router(health_router(checks, registry=metrics.registry))
+    return app
+
+
+async def _never() -> bool:
+    return False

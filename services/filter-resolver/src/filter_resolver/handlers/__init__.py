@@ -1,0 +1,1 @@
+"""The handlers that must look something up: the built-ins and the plugins (RF-09)."""

@@ -1,0 +1,182 @@
+"""Helpers for the filter-resolver tests: the gateway's side of a claim check, settings, and a
+small HTTP double for `http_in_list` endpoints."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from redis.asyncio import Redis
+
+from dataplane_contracts.events import PlanRequest, PlanResolved
+from dataplane_contracts.plans import (
+    CallerIdentity,
+    ClaimCheck,
+    Plan,
+    plan_cache_key,
+    redis_claim_key,
+    redis_one_shot_key,
+    redis_plan_key,
+)
+from dataplane_contracts.topics import PLAN_REPLIES
+from filter_resolver.settings import Settings
+
+SECRET = "filter-resolver-test-secret-0123456789"
+CLIENT_ID = "svc-filter-resolver"
+CLIENT_SECRET = "resolver-client-secret"
+LOOKUP_SCOPE = "rec-registry.lookup"
+
+
+def make_settings(**overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "kafka_bootstrap_servers": "127.0.0.1:1",
+        "redis_url": "redis://127.0.0.1:1/0",
+        "row_filters_cache_key_secret": SECRET,
+        "celine_oidc_client_id": CLIENT_ID,
+        "celine_oidc_client_secret": CLIENT_SECRET,
+        "resolver_retry_base_ms": 1,
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+def person(issuer: Any, username: str, *, email: str | None = None, expires_in: int = 300) -> CallerIdentity:
+    """A person's identity with a real token minted by the OIDC double."""
+    sub = str(uuid.uuid5(uuid.NAMESPACE_DNS, username))
+    token = issuer.mint({"sub": sub, "preferred_username": username}, expires_in=expires_in)
+    return CallerIdentity(
+        sub=sub,
+        username=username,
+        email=email or f"{username}@example.org",
+        token=token,
+        token_exp=int(time.time()) + expires_in,
+    )
+
+
+def service_account(issuer: Any, client: str = "digital-twin") -> CallerIdentity:
+    token = issuer.service_token(client)
+    return CallerIdentity(
+        sub=str(uuid.uuid5(uuid.NAMESPACE_DNS, client)),
+        username=f"service-account-{client}",
+        service_account=True,
+        token=token,
+        token_exp=int(time.time()) + 300,
+    )
+
+
+def claim(handler: str, args: dict[str, Any], **fields: Any) -> ClaimCheck:
+    return ClaimCheck(handler=handler, args=args, table=fields.pop("table", "public.readings"), **fields)
+
+
+def cache_key_of(check: ClaimCheck, secret: str = SECRET) -> str:
+    return plan_cache_key(check.key_inputs(), secret.encode())
+
+
+async def put_claim(
+    redis: Redis,
+    check: ClaimCheck,
+    *,
+    deadline_s: float = 15.0,
+    reply_topic: str = PLAN_REPLIES,
+    reply_partition: int | None = None,
+    cache_key: str | None = None,
+) -> PlanRequest:
+    """What the gateway does before publishing: the claim into Redis, then the request."""
+    claim_id = uuid.uuid4().hex
+    await redis.set(redis_claim_key(claim_id), check.model_dump_json(), ex=max(1, int(deadline_s)))
+    return PlanRequest(
+        cache_key=cache_key or cache_key_of(check),
+        claim_check_id=claim_id,
+        correlation_id=uuid.uuid4().hex,
+        reply_topic=reply_topic,
+        reply_partition=reply_partition,
+        deadline=datetime.now(UTC) + timedelta(seconds=deadline_s),
+    )
+
+
+async def read_plan(redis: Redis, reply: PlanResolved) -> Plan:
+    """What the gateway does with a reply."""
+    if reply.outcome == "cached":
+        raw = await redis.get(redis_plan_key(reply.cache_key))
+    else:
+        assert reply.one_shot_id is not None, reply
+        raw = await redis.getdel(redis_one_shot_key(reply.one_shot_id))
+    assert raw is not None, "the reply names a plan that is not in Redis"
+    return Plan.model_validate_json(raw)
+
+
+# ---- an http_in_list endpoint double ------------------------------------------------------------
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    query: dict[str, str]
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class ListEndpoint:
+    """Answers the programmed answers in order, then `default`; records every request."""
+
+    default: tuple[int, Any] = (200, [])
+    queue: list[tuple[int, Any]] = field(default_factory=list)
+    seen: list[Seen] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def reset(self, default: tuple[int, Any] = (200, [])) -> None:
+        with self.lock:
+            self.default, self.queue, self.seen = default, [], []
+
+    def then(self, *answers: tuple[int, Any]) -> None:
+        with self.lock:
+            self.queue.extend(answers)
+
+    def calls(self) -> list[Seen]:
+        with self.lock:
+            return list(self.seen)
+
+    def app(self) -> FastAPI:
+        app = FastAPI()
+
+        @app.api_route("/{path:path}", methods=["GET", "POST", "PUT"])
+        async def any_route(request: Request, path: str) -> Response:
+            body = await request.body()
+            with self.lock:
+                self.seen.append(
+                    Seen(
+                        request.method,
+                        "/" + path,
+                        dict(request.query_params),
+                        {k.lower(): v for k, v in request.headers.items()},
+                        body,
+                    )
+                )
+                status, payload = self.queue.pop(0) if self.queue else self.default
+            if isinstance(payload, str):
+                return PlainTextResponse(payload, status_code=status)
+            return JSONResponse(payload, status_code=status)
+
+        return app
+
+
+async def eventually(check: Any, timeout: float = 10.0, interval: float = 0.02) -> bool:
+    """Poll an async predicate until it holds (an external system's state; no fixed sleeps)."""
+    import asyncio
+
+    deadline = time.monotonic() + timeout
+    for _ in range(int(timeout / interval) + 1):
+        if await check():
+            return True
+        if time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(interval)
+    return bool(await check())

@@ -1,0 +1,200 @@
+"""http_in_list against a real HTTP endpoint double: every argument, the placeholders, the
+delegation refusal and the retries."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from filter_resolver_support import claim, person
+
+
+def _args(doubles: Any, path: str = "/allowed", **more: Any) -> dict[str, Any]:
+    return {"column": "meter_id", "url": doubles.endpoint_url + path, **more}
+
+
+async def test_get_list_narrows(harness: Any, fresh_doubles: Any) -> None:
+    fresh_doubles.endpoint.reset((200, ["m-2", "m-1", "m-2", None]))
+    plan = await harness.plan(
+        claim("http_in_list", _args(fresh_doubles), caller=person(fresh_doubles.issuer, "al"))
+    )
+    assert (plan.kind, plan.column, plan.values) == ("in", "meter_id", ("m-2", "m-1"))
+    (seen,) = fresh_doubles.endpoint.calls()
+    assert seen.method == "GET"
+    assert "authorization" not in seen.headers  # the token is forwarded only when asked
+
+
+async def test_placeholders_in_url_params_headers(harness: Any, fresh_doubles: Any) -> None:
+    fresh_doubles.endpoint.reset((200, ["x"]))
+    al = person(fresh_doubles.issuer, "al", email="al@example.org")
+    args = _args(
+        fresh_doubles,
+        "/users/{sub}/meters",
+        params={"who": "{username}", "mail": "{email}", "fixed": 3},
+        headers={"x-user": "{username}", "x-token": "t={token}"},
+    )
+    await harness.plan(claim("http_in_list", args, caller=al))
+    (seen,) = fresh_doubles.endpoint.calls()
+    assert seen.path == f"/users/{al.sub}/meters"
+    assert seen.query == {"who": "al", "mail": "al@example.org", "fixed": "3"}
+    assert seen.headers["x-user"] == "al"
+    assert seen.headers["x-token"] == f"t={al.token}"
+
+
+async def test_post_json_template_and_response_path(harness: Any, fresh_doubles: Any) -> None:
+    fresh_doubles.endpoint.reset((200, {"data": {"items": [7, 3, True, 2.5]}}))
+    al = person(fresh_doubles.issuer, "al")
+    args = _args(
+        fresh_doubles,
+        method="post",
+        json={"subject": "{sub}", "filters": [{"user": "{username}"}], "literal": "{not_a_placeholder}"},
+        response_path="$.data.items",
+    )
+    plan = await harness.plan(claim("http_in_list", args, caller=al))
+    assert plan.values == (7, 3, True, 2.5)  # numbers and booleans keep their types
+    (seen,) = fresh_doubles.endpoint.calls()
+    assert seen.method == "POST"
+    assert json.loads(seen.body) == {
+        "subject": al.sub,
+        "filters": [{"user": "al"}],
+        "literal": "{not_a_placeholder}",
+    }
+
+
+async def test_scalar_answer_is_one_item(harness: Any, fresh_doubles: Any) -> None:
+    fresh_doubles.endpoint.reset((200, {"meter": "m-9"}))
+    args = _args(fresh_doubles, response_path="meter")
+    plan = await harness.plan(claim("http_in_list", args, caller=person(fresh_doubles.issuer, "al")))
+    assert plan.values == ("m-9",)
+
+
+async def test_max_items_truncates(harness: Any, fresh_doubles: Any) -> None:
+    fresh_doubles.endpoint.reset((200, [f"m-{i}" for i in range(10)]))
+    args = _args(fresh_doubles, max_items=3)
+    plan = await harness.plan(claim("http_in_list", args, caller=person(fresh_doubles.issuer, "al")))
+    assert plan.values == ("m-0", "m-1", "m-2")
+
+
+async def test_empty_means_deny_by_default(harness: Any, fresh_doubles: Any) -> None:
+    fresh_doubles.endpoint.reset((200, []))
+    plan = await harness.plan(
+        claim("http_in_list", _args(fresh_doubles), caller=person(fresh_doubles.issuer, "al"))
+    )
+    assert plan.kind == "deny"
+
+
+async def test_empty_means_deny_false_is_no_predicate(harness: Any, fresh_doubles: Any) -> None:
+    fresh_doubles.endpoint.reset((200, [None]))
+    args = _args(fresh_doubles, empty_means_deny=False)
+    plan = await harness.plan(claim("http_in_list", args, caller=person(fresh_doubles.issuer, "al")))
+    assert plan.kind == "all"
+
+
+async def test_forward_token(harness: Any, fresh_doubles: Any) -> None:
+    fresh_doubles.endpoint.reset((200, ["m"]))
+    al = person(fresh_doubles.issuer, "al")
+    await harness.plan(claim("http_in_list", _args(fresh_doubles, forward_token=True), caller=al))
+    (seen,) = fresh_doubles.endpoint.calls()
+    assert seen.headers["authorization"] == f"Bearer {al.token}"
+
+
+async def test_timeout_seconds_bounds_the_call(harness: Any, fresh_doubles: Any) -> None:
+    # a delayed answer beyond timeout_seconds is a timeout on every attempt → unavailable
+    import asyncio
+
+    from fastapi import FastAPI
+
+    from dataplane_local.doubles.server import serve_in_thread
+
+    slow = FastAPI()
+
+    @slow.get("/slow")
+    async def slow_route() -> list[str]:
+        await asyncio.sleep(1.0)
+        return ["late"]
+
+    server = serve_in_thread(slow)
+    try:
+        args = {"column": "c", "url": server.url + "/slow", "timeout_seconds": 0.05}
+        reply = await harness.resolve(claim("http_in_list", args, caller=person(fresh_doubles.issuer, "al")))
+    finally:
+        server.stop()
+    assert (reply.outcome, reply.error_code) == ("error", "row_filter_unavailable")
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"principals": ()}, {"principals": ("u-1",)}, {"keys": ("pod:IT001",)}],
+    ids=["empty_principals", "principals", "keys"],
+)
+async def test_refuses_delegation(harness: Any, fresh_doubles: Any, fields: dict[str, Any]) -> None:
+    check = claim("http_in_list", _args(fresh_doubles), caller=person(fresh_doubles.issuer, "al"), **fields)
+    reply = await harness.resolve(check)
+    assert (reply.outcome, reply.error_code) == ("error", "row_filter_unenforceable")
+    assert fresh_doubles.endpoint.calls() == []
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"url": "http://127.0.0.1:9/x"},
+        {"column": "c"},
+        {"column": "c", "url": "http://127.0.0.1:9/x", "method": "PUT"},
+        {"column": "c", "url": "http://127.0.0.1:9/x", "max_items": 0},
+        {"column": "c", "url": "http://127.0.0.1:9/x", "empty_means_deny": "no"},
+        {"column": "c", "url": "http://127.0.0.1:9/x", "headers": ["a"]},
+        {"column": "c", "url": "not-a-url/{username}"},
+    ],
+    ids=["no_column", "no_url", "bad_method", "bad_max_items", "bad_flag", "bad_headers", "bad_url"],
+)
+async def test_invalid_args(harness: Any, fresh_doubles: Any, args: dict[str, Any]) -> None:
+    reply = await harness.resolve(claim("http_in_list", args, caller=person(fresh_doubles.issuer, "al")))
+    assert (reply.outcome, reply.error_code) == ("error", "row_filter_invalid")
+
+
+async def test_placeholder_without_value_is_invalid(harness: Any, fresh_doubles: Any) -> None:
+    al = person(fresh_doubles.issuer, "al").model_copy(update={"email": None})
+    reply = await harness.resolve(claim("http_in_list", _args(fresh_doubles, "/{email}"), caller=al))
+    assert (reply.outcome, reply.error_code) == ("error", "row_filter_invalid")
+    assert fresh_doubles.endpoint.calls() == []
+
+
+@pytest.mark.parametrize("answer", [(404, {"detail": "no"}), (200, "not json"), (200, {"other": 1})])
+async def test_unreadable_or_refused_answer_is_an_error(
+    harness: Any, fresh_doubles: Any, answer: Any
+) -> None:
+    fresh_doubles.endpoint.reset(answer)
+    args = _args(fresh_doubles, response_path="items") if answer[1] == {"other": 1} else _args(fresh_doubles)
+    reply = await harness.resolve(claim("http_in_list", args, caller=person(fresh_doubles.issuer, "al")))
+    assert (reply.outcome, reply.error_code) == ("error", "row_filter_unavailable")
+    assert len(fresh_doubles.endpoint.calls()) == 1
+
+
+async def test_retry_failing_twice_then_answering_resolves(harness: Any, fresh_doubles: Any) -> None:
+    fresh_doubles.endpoint.reset((200, ["m-1"]))
+    fresh_doubles.endpoint.then((503, {}), (500, {}))
+    plan = await harness.plan(
+        claim("http_in_list", _args(fresh_doubles), caller=person(fresh_doubles.issuer, "al"))
+    )
+    assert plan.values == ("m-1",)
+    assert len(fresh_doubles.endpoint.calls()) == 3
+
+
+async def test_retry_failing_every_attempt_is_unavailable(harness: Any, fresh_doubles: Any) -> None:
+    fresh_doubles.endpoint.reset((503, {"detail": "down"}))
+    reply = await harness.resolve(
+        claim("http_in_list", _args(fresh_doubles), caller=person(fresh_doubles.issuer, "al"))
+    )
+    assert (reply.outcome, reply.error_code) == ("error", "row_filter_unavailable")
+    assert len(fresh_doubles.endpoint.calls()) == 3
+
+
+async def test_retry_attempts_are_configurable(make_harness: Any, fresh_doubles: Any) -> None:
+    fresh_doubles.endpoint.reset((502, {}))
+    async with make_harness(resolver_retry_attempts=5) as h:
+        reply = await h.resolve(
+            claim("http_in_list", _args(fresh_doubles), caller=person(fresh_doubles.issuer, "al"))
+        )
+    assert reply.error_code == "row_filter_unavailable"
+    assert len(fresh_doubles.endpoint.calls()) == 5
