@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, Field, StrictInt, StrictStr, model_validator
 
-from dataplane_contracts.base import Event
+from dataplane_contracts.base import ContractModel, Event
 from dataplane_contracts.ds import Did
 from dataplane_contracts.errors import ErrorCode
 
@@ -62,3 +62,29 @@ class DisclosureRecorded(Event):
     row_count: StrictInt
     decision_ref: StrictStr | None = None
     authorized_subject_ids: list[Did] | None
+
+
+DeadLetterReason = Literal[
+    "unparseable",  # not JSON, or not the DisclosureRecorded contract
+    "non_did_subject",  # authorized_subject_ids holds something that is not a DID
+    "unroutable",  # CONNECTOR_INTERNAL_URLS lists providers, but not this one
+    "ds_not_configured",  # no connector for the provider and no default
+    "ds_rejected",  # ds answered a 4xx that no retry can change
+]
+
+
+class DisclosureDeadLetter(ContractModel):
+    """audit-relay → operators, on `dataplane.audit.disclosures.dlq`: why a disclosure was not
+    delivered, and the original record to replay. `detail` never quotes the value; a subject that
+    is not a DID (possibly an email) is redacted out of `value` before it is written."""
+
+    reason: DeadLetterReason
+    detail: StrictStr
+    event_id: StrictStr | None
+    source_topic: StrictStr
+    source_partition: StrictInt
+    source_offset: StrictInt
+    key: StrictStr | None
+    value: StrictStr | None
+    ds_status: StrictInt | None = None
+    dead_lettered_at: AwareDatetime

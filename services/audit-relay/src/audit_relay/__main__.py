@@ -1,0 +1,25 @@
+"""`audit-relay`: settings, logging, telemetry, then the HTTP app whose lifespan runs the consumer."""
+
+from __future__ import annotations
+
+import logging
+
+from audit_relay.app import create_app
+from audit_relay.settings import Settings
+from dataplane_service_kit.logs import configure_logging
+from dataplane_service_kit.serve import serve
+from dataplane_service_kit.settings import load_settings
+from dataplane_service_kit.telemetry import setup_telemetry
+
+
+def main() -> None:
+    settings = load_settings(Settings)
+    configure_logging("audit-relay", settings.log_level)
+    # httpx logs every request at INFO; one line per delivered disclosure is noise, not audit
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
+    setup_telemetry("audit-relay")
+    serve(create_app(settings), settings.http_host, settings.http_port)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""From a Kafka record to what ds receives, or to a dead letter with its reason.
+
+Nothing here does I/O. The audit body is built from the event alone (reference §1.7, RF-10)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from dataplane_contracts.ds import AuditQueryBody, is_did
+from dataplane_contracts.events import DeadLetterReason, DisclosureDeadLetter, DisclosureRecorded
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """An event that must not be sent: why, and its id when one could be read."""
+
+    reason: DeadLetterReason
+    detail: str
+    event_id: str | None
+
+
+def _text(raw: bytes | None) -> str | None:
+    return None if raw is None else raw.decode("utf-8", "backslashreplace")
+
+
+def _readable_event_id(data: object) -> str | None:
+    if isinstance(data, dict):
+        value = data.get("event_id")
+        if isinstance(value, str) and len(value) <= 64:
+            return value
+    return None
+
+
+def parse_event(raw: bytes | None) -> DisclosureRecorded | Rejected:
+    """The event, or why it is rejected. Error details name fields, never their values."""
+    if raw is None:
+        return Rejected("unparseable", "record has no value", None)
+    try:
+        data: Any = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return Rejected("unparseable", "record value is not JSON", None)
+    event_id = _readable_event_id(data)
+    try:
+        event = DisclosureRecorded.model_validate(data)
+    except ValidationError as exc:
+        return _rejected(exc, data, event_id)
+    # belt and braces: the contract type already checks, but a DID-only body is the point (RF-10)
+    if event.authorized_subject_ids is not None and not all(is_did(s) for s in event.authorized_subject_ids):
+        return Rejected("non_did_subject", "authorized_subject_ids holds a value that is not a DID", event_id)
+    return event
+
+
+def _rejected(exc: ValidationError, data: Any, event_id: str | None) -> Rejected:
+    errors = exc.errors(include_input=False, include_url=False)
+    fields = sorted({".".join(str(p) for p in e["loc"]) or "<root>" for e in errors})
+    subjects = data.get("authorized_subject_ids") if isinstance(data, dict) else None
+    only_subjects = all(e["loc"][:1] == ("authorized_subject_ids",) for e in errors)
+    if only_subjects and isinstance(subjects, list) and not all(is_did(s) for s in subjects):
+        return Rejected("non_did_subject", "authorized_subject_ids holds a value that is not a DID", event_id)
+    return Rejected("unparseable", f"not a DisclosureRecorded: invalid {', '.join(fields)}", event_id)
+
+
+def audit_body(event: DisclosureRecorded) -> dict[str, Any]:
+    """`POST /internal/audit/query` body: null subjects stay null, [] stays [], decision_ref only
+    when present; user_id and subject_id are always null (reference §1.7)."""
+    return AuditQueryBody(
+        dataset_id=event.dataset_id,
+        consumer_id=event.consumer_id,
+        agreement_id=event.agreement_id,
+        transfer_id=event.transfer_id,
+        row_count=event.row_count,
+        authorized_subject_ids=event.authorized_subject_ids,
+        decision_ref=event.decision_ref,
+    ).wire()
+
+
+def _redact_subjects(value: bytes | None) -> bytes | None:
+    """Replace every subject that is not a DID: it may be an email or a username (RF-10)."""
+    try:
+        data = json.loads(value or b"")
+    except (ValueError, UnicodeDecodeError):
+        return value
+    subjects = data.get("authorized_subject_ids") if isinstance(data, dict) else None
+    if isinstance(subjects, list):
+        data["authorized_subject_ids"] = [s if is_did(s) else "<redacted: not a DID>" for s in subjects]
+        return json.dumps(data).encode()
+    return value
+
+
+def dead_letter(
+    rejected: Rejected,
+    *,
+    topic: str,
+    partition: int,
+    offset: int,
+    key: bytes | None,
+    value: bytes | None,
+    ds_status: int | None = None,
+) -> bytes:
+    if rejected.reason == "non_did_subject":
+        value = _redact_subjects(value)
+    record = DisclosureDeadLetter(
+        reason=rejected.reason,
+        detail=rejected.detail,
+        event_id=rejected.event_id,
+        source_topic=topic,
+        source_partition=partition,
+        source_offset=offset,
+        key=_text(key),
+        value=_text(value),
+        ds_status=ds_status,
+        dead_lettered_at=datetime.now(UTC),
+    )
+    return record.model_dump_json().encode()

@@ -1,0 +1,43 @@
+"""Configuration of the audit-relay (ARCHITECTURE.md, "Configuration"), validated at start-up."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from dataplane_contracts.settings import ConnectorSettings, HttpSettings, KafkaSettings, OidcSettings
+from dataplane_contracts.topics import AUDIT_DISCLOSURES, AUDIT_DISCLOSURES_DLQ
+
+
+class Settings(HttpSettings, KafkaSettings, OidcSettings, ConnectorSettings):
+    http_port: int = Field(default=8003, ge=1, le=65535)
+
+    # The topics and group default to the contracts' names; overriding them lets a test (or a
+    # shared cluster) run an isolated relay without touching anyone else's disclosures.
+    audit_relay_group_id: str = Field(default="dataplane-audit-relay", min_length=1)
+    audit_relay_topic: str = Field(default=AUDIT_DISCLOSURES, min_length=1)
+    audit_relay_dlq_topic: str = Field(default=AUDIT_DISCLOSURES_DLQ, min_length=1)
+
+    # readiness fails once the broker or ds has been unreachable for longer than this
+    audit_relay_unready_grace_s: float = Field(default=30.0, ge=0)
+    audit_relay_backoff_initial_s: float = Field(default=0.5, gt=0)
+    audit_relay_backoff_max_s: float = Field(default=60.0, gt=0)
+    # a Retry-After beyond this is treated as this (a broken header must not park a partition for days)
+    audit_relay_retry_after_max_s: float = Field(default=300.0, gt=0)
+    # reference §1.4: every connector call has a 5 s timeout
+    audit_relay_http_timeout_s: float = Field(default=5.0, gt=0)
+    audit_relay_session_timeout_ms: int = Field(default=10_000, ge=1_000)
+    # how often the broker is probed and the per-partition lag gauge refreshed
+    audit_relay_monitor_interval_s: float = Field(default=5.0, gt=0)
+
+    @model_validator(mode="after")
+    def _complete(self) -> Settings:
+        if self.connector_internal_url is None and not self.connector_internal_urls:
+            raise ValueError("CONNECTOR_INTERNAL_URL or CONNECTOR_INTERNAL_URLS is required")
+        if self.celine_oidc_client_id:
+            if self.celine_oidc_base_url is None:
+                raise ValueError("CELINE_OIDC_BASE_URL is required with CELINE_OIDC_CLIENT_ID")
+            if self.celine_oidc_client_secret is None:
+                raise ValueError("CELINE_OIDC_CLIENT_SECRET is required with CELINE_OIDC_CLIENT_ID")
+        if self.audit_relay_backoff_max_s < self.audit_relay_backoff_initial_s:
+            raise ValueError("AUDIT_RELAY_BACKOFF_MAX_S must not be below AUDIT_RELAY_BACKOFF_INITIAL_S")
+        return self

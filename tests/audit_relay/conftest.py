@@ -1,0 +1,65 @@
+"""Fixtures for the audit-relay: one relay process for the whole folder (a consumer-group join
+costs ~3 s on the local broker), on topics of its own, with two ds connector doubles and an OIDC
+issuer double."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import sys
+import tempfile
+import tracemalloc  # noqa: F401 - see below
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from dataplane_local.doubles.oidc import start_oidc_issuer
+
+# Imported eagerly: a ResourceWarning collected while pytest lazily imports tracemalloc (to
+# describe it) crashes pytest's unraisable hook with a circular-import error.
+
+# tests import their helpers as `audit_relay_harness` (--import-mode=importlib puts no test dir on sys.path)
+_spec = importlib.util.spec_from_file_location("audit_relay_harness", Path(__file__).with_name("harness.py"))
+assert _spec is not None and _spec.loader is not None
+h = importlib.util.module_from_spec(_spec)
+sys.modules["audit_relay_harness"] = h
+_spec.loader.exec_module(h)
+
+
+@pytest.fixture(scope="session")
+async def producer(kafka_bootstrap: str) -> AsyncIterator[AIOKafkaProducer]:
+    p = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", linger_ms=0)
+    await p.start()
+    yield p
+    await p.stop()
+
+
+@pytest.fixture(scope="session")
+async def harness(kafka_bootstrap: str, producer: AIOKafkaProducer) -> AsyncIterator[h.Harness]:
+    suffix = uuid.uuid4().hex[:8]
+    topic, dlq_topic = f"test.audit.{suffix}", f"test.audit.{suffix}.dlq"
+    await h.make_topics(kafka_bootstrap, topic, dlq_topic)
+    issuer, issuer_server = start_oidc_issuer(clients={h.CLIENT_ID: h.CLIENT_SECRET})
+    a = h.start_connector(h.PROVIDER_A, issuer)
+    b = h.start_connector(h.PROVIDER_B, issuer)
+    urls = {h.PROVIDER_A: a.server.url, h.PROVIDER_B: b.server.url}
+    env = h.relay_env(kafka_bootstrap, topic, dlq_topic, f"relay-{suffix}", issuer, urls)
+    workdir = Path(tempfile.mkdtemp(prefix="audit-relay-"))
+    relay = h.RelayProcess(env, workdir / "relay.log")
+    harness = h.Harness(kafka_bootstrap, topic, dlq_topic, a, b, issuer, issuer_server, relay, producer)
+    reader = asyncio.create_task(h.read_dlq(kafka_bootstrap, dlq_topic, harness.dlq, harness.dlq_headers))
+    relay.start()
+    try:
+        await relay.wait_ready()
+        yield harness
+    finally:
+        relay.stop()
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
+        for server in (a.server, b.server, issuer_server):
+            server.stop()

@@ -1,0 +1,275 @@
+"""The audit-relay as a real process against a real broker, real HTTP doubles of two ds connectors
+and an OIDC issuer. Faults are injected through the doubles' in-process objects (they serve HTTP
+from a thread of the test process; the relay is a subprocess)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from dataplane_contracts.topics import TopicSpec
+from dataplane_contracts.topics_cli import create_topics
+from dataplane_local.doubles._common import Call
+from dataplane_local.doubles.ds_connector import DsConnectorDouble, create_app
+from dataplane_local.doubles.oidc import JWKS_PATH, OidcIssuer
+from dataplane_local.doubles.server import RunningServer, serve_in_thread
+from dataplane_local.infra import free_port
+
+# murmur2 puts these two keys on different partitions of a 6-partition topic (tests assert it)
+PROVIDER_A = "did:web:provider-a.example"
+PROVIDER_B = "did:web:provider-c.example"
+UNROUTABLE = "did:web:nobody.example"
+PARTITIONS = 6
+CLIENT_ID = "svc-audit-relay"
+CLIENT_SECRET = "relay-secret-for-tests"
+AUDIT_FIELDS = {
+    "dataset_id",
+    "consumer_id",
+    "user_id",
+    "subject_id",
+    "agreement_id",
+    "transfer_id",
+    "row_count",
+    "authorized_subject_ids",
+    "decision_ref",
+}
+
+EVENT_FIELDS = {
+    "event_id",
+    "occurred_at",
+    "schema_version",
+    "provider_participant",
+    "consumer_id",
+    "agreement_id",
+    "transfer_id",
+    "dataset_id",
+    "row_count",
+    "decision_ref",
+    "authorized_subject_ids",
+}
+
+
+def event(provider: str = PROVIDER_A, **overrides: Any) -> dict[str, Any]:
+    """A DisclosureRecorded as the gateway publishes it (JSON-ready)."""
+    body: dict[str, Any] = {
+        "event_id": str(uuid.uuid4()),
+        "occurred_at": datetime.now(UTC).isoformat(),
+        "schema_version": 1,
+        "provider_participant": provider,
+        "consumer_id": "did:web:consumer.example",
+        "agreement_id": "agr-1",
+        "transfer_id": "tp-1",
+        "dataset_id": "meter_readings",
+        "row_count": 3,
+        "decision_ref": "ab" * 32,
+        "authorized_subject_ids": ["did:web:alice.example"],
+    }
+    body.update(overrides)
+    return body
+
+
+@dataclass
+class Connector:
+    provider: str
+    double: DsConnectorDouble
+    server: RunningServer
+
+    def audit_calls(self, event_ids: Iterable[str] | None = None) -> list[Call]:
+        calls = self.double.calls("audit")
+        if event_ids is None:
+            return calls
+        wanted = set(event_ids)
+        return [c for c in calls if c.headers.get("idempotency-key") in wanted]
+
+    def accepted_ids(self, event_ids: Iterable[str] | None = None) -> list[str]:
+        return [c.headers["idempotency-key"] for c in self.audit_calls(event_ids) if 200 <= c.status < 300]
+
+
+@dataclass
+class RelayProcess:
+    env: dict[str, str]
+    log_path: Path
+    http_url: str = ""
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        port = free_port()
+        self.env["HTTP_PORT"] = str(port)
+        self.http_url = f"http://127.0.0.1:{port}"
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "audit_relay"], env=self.env, stdout=log, stderr=subprocess.STDOUT
+            )
+
+    def readyz(self) -> httpx.Response | None:
+        try:
+            return httpx.get(self.http_url + "/readyz", timeout=2.0)
+        except httpx.HTTPError:
+            return None
+
+    def metrics(self) -> str:
+        return httpx.get(self.http_url + "/metrics", timeout=2.0).text
+
+    async def wait_ready(self, timeout: float = 30.0) -> None:
+        async def ready() -> bool:
+            r = await asyncio.to_thread(self.readyz)
+            return r is not None and r.status_code == 200
+
+        await wait_for(ready, timeout, f"relay ready (log: {self.log_path})")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+async def wait_for(cond: Callable[[], Any], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = cond()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@dataclass
+class Harness:
+    bootstrap: str
+    topic: str
+    dlq_topic: str
+    a: Connector
+    b: Connector
+    issuer: OidcIssuer
+    issuer_server: RunningServer
+    relay: RelayProcess
+    producer: AIOKafkaProducer
+    dlq: list[dict[str, Any]] = field(default_factory=list)
+    dlq_headers: list[dict[str, bytes]] = field(default_factory=list)
+
+    def connector(self, provider: str) -> Connector:
+        return self.a if provider == PROVIDER_A else self.b
+
+    async def publish(self, events: list[dict[str, Any]], key: str | None = None) -> list[int]:
+        """Publish in order, keyed by provider (or `key`); returns each record's partition."""
+        partitions = []
+        for ev in events:
+            partitions.append(
+                await self.publish_raw(json.dumps(ev).encode(), key or ev["provider_participant"])
+            )
+        return partitions
+
+    async def publish_raw(self, value: bytes | None, key: str) -> int:
+        meta = await self.producer.send_and_wait(self.topic, value, key=key.encode())
+        partition: int = meta.partition
+        return partition
+
+    async def wait_accepted(self, events: list[dict[str, Any]], timeout: float = 60.0) -> None:
+        def done() -> bool:
+            got = set(self.a.accepted_ids()) | set(self.b.accepted_ids())
+            return all(ev["event_id"] in got for ev in events)
+
+        await wait_for(done, timeout, f"{len(events)} deliveries (log: {self.relay.log_path})")
+
+    def dead_letters(self, event_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        wanted = set(event_ids)
+        return {d["event_id"]: d for d in self.dlq if d.get("event_id") in wanted}
+
+    async def wait_dead_letters(
+        self, event_ids: list[str], timeout: float = 30.0
+    ) -> dict[str, dict[str, Any]]:
+        await wait_for(
+            lambda: len(self.dead_letters(event_ids)) == len(set(event_ids)), timeout, "dead letters"
+        )
+        return self.dead_letters(event_ids)
+
+
+async def read_dlq(
+    bootstrap: str, topic: str, sink: list[dict[str, Any]], headers: list[dict[str, bytes]]
+) -> None:
+    """Follow the DLQ by manual assignment (no group, no join pause)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, fetch_max_wait_ms=10)
+    await consumer.start()
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        while True:
+            batch = await consumer.getmany(timeout_ms=200)
+            for records in batch.values():
+                for r in records:
+                    sink.append(json.loads(r.value))
+                    headers.append(dict(r.headers))
+    finally:
+        await consumer.stop()
+
+
+def start_connector(provider: str, issuer: OidcIssuer) -> Connector:
+    double = DsConnectorDouble(
+        {"participant_id": provider, "agreements": {}},
+        # ds verifies our service bearer against the issuer, as the real connector does
+        service_auth={"jwks_url": issuer.base_url + JWKS_PATH},
+    )
+    return Connector(provider, double, serve_in_thread(create_app(double)))
+
+
+async def make_topics(bootstrap: str, topic: str, dlq_topic: str) -> None:
+    await create_topics(bootstrap, [TopicSpec(topic, PARTITIONS), TopicSpec(dlq_topic, 1)])
+
+
+def relay_env(
+    bootstrap: str, topic: str, dlq_topic: str, group: str, issuer: OidcIssuer, urls: dict[str, str]
+) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AUDIT_RELAY_", "CONNECTOR_", "CELINE_"))}
+    env.update(
+        {
+            "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+            "KAFKA_FETCH_MAX_WAIT_MS": "10",
+            "KAFKA_ENABLE_IDEMPOTENCE": "false",
+            "HTTP_HOST": "127.0.0.1",
+            "LOG_LEVEL": "INFO",
+            "CONNECTOR_INTERNAL_URLS": json.dumps(urls),
+            "CELINE_OIDC_BASE_URL": issuer.base_url,
+            "CELINE_OIDC_CLIENT_ID": CLIENT_ID,
+            "CELINE_OIDC_CLIENT_SECRET": CLIENT_SECRET,
+            "AUDIT_RELAY_GROUP_ID": group,
+            "AUDIT_RELAY_TOPIC": topic,
+            "AUDIT_RELAY_DLQ_TOPIC": dlq_topic,
+            "AUDIT_RELAY_UNREADY_GRACE_S": "2",
+            "AUDIT_RELAY_BACKOFF_INITIAL_S": "0.1",
+            "AUDIT_RELAY_BACKOFF_MAX_S": "1",
+            "AUDIT_RELAY_MONITOR_INTERVAL_S": "0.5",
+            "AUDIT_RELAY_SESSION_TIMEOUT_MS": "6000",
+        }
+    )
+    return env
+
+
+def json_bytes(ev: dict[str, Any]) -> bytes:
+    return json.dumps(ev).encode()

@@ -1,0 +1,123 @@
+"""Pure parts of the relay: event sorting, the audit body, the DLQ record, retry timing, settings."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+
+import audit_relay_harness as h
+import pytest
+
+from audit_relay.delivery import backoff_delay, parse_retry_after
+from audit_relay.records import Rejected, audit_body, dead_letter, parse_event
+from dataplane_contracts.events import DisclosureDeadLetter as DeadLetter
+from dataplane_contracts.events import DisclosureRecorded
+
+
+def _raw(**overrides: object) -> bytes:
+    return h.json_bytes(h.event(h.PROVIDER_A, **overrides))
+
+
+def test_rf10_body_is_built_from_the_event_alone() -> None:
+    ev = parse_event(_raw(authorized_subject_ids=["did:web:a.example"], decision_ref="ab" * 32))
+    assert isinstance(ev, DisclosureRecorded)
+    assert audit_body(ev) == {
+        "dataset_id": "meter_readings",
+        "consumer_id": "did:web:consumer.example",
+        "user_id": None,
+        "subject_id": None,
+        "agreement_id": "agr-1",
+        "transfer_id": "tp-1",
+        "row_count": 3,
+        "authorized_subject_ids": ["did:web:a.example"],
+        "decision_ref": "ab" * 32,
+    }
+
+
+@pytest.mark.parametrize("subjects", [None, []])
+def test_rf10_null_stays_null_and_empty_stays_empty(subjects: list[str] | None) -> None:
+    ev = parse_event(_raw(authorized_subject_ids=subjects, decision_ref=None))
+    assert isinstance(ev, DisclosureRecorded)
+    body = audit_body(ev)
+    assert body["authorized_subject_ids"] == subjects
+    assert "decision_ref" not in body
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (None, "unparseable"),
+        (b"\xff\xfe", "unparseable"),
+        (b"[1, 2]", "unparseable"),
+        (_raw(row_count="3"), "unparseable"),
+        (h.json_bytes(h.event() | {"principals": ["alice"]}), "unparseable"),
+        (_raw(authorized_subject_ids=["alice@example.org"]), "non_did_subject"),
+        (_raw(authorized_subject_ids=["did:web:a.example", "pod:meter-1"]), "non_did_subject"),
+        (_raw(authorized_subject_ids=[42]), "non_did_subject"),
+        (_raw(authorized_subject_ids="did:web:a.example"), "unparseable"),
+    ],
+)
+def test_rf10_events_that_must_not_be_sent_are_rejected_with_a_reason(raw: bytes | None, reason: str) -> None:
+    rejected = parse_event(raw)
+    assert isinstance(rejected, Rejected)
+    assert rejected.reason == reason
+    assert "alice" not in rejected.detail and "meter-1" not in rejected.detail
+
+
+def test_dead_letter_keeps_the_original_record_and_names_its_place() -> None:
+    value = _raw(authorized_subject_ids=["alice@example.org"])
+    rejected = parse_event(value)
+    assert isinstance(rejected, Rejected)
+    raw = dead_letter(rejected, topic="t", partition=2, offset=41, key=b"did:web:p", value=value)
+    letter = DeadLetter.model_validate_json(raw)
+    assert (letter.reason, letter.source_topic, letter.source_partition, letter.source_offset) == (
+        "non_did_subject",
+        "t",
+        2,
+        41,
+    )
+    assert letter.key == "did:web:p"
+    assert letter.value is not None
+    replay = json.loads(letter.value)
+    # everything but the offending subject is kept for replay; the non-DID value is redacted
+    assert replay == {**json.loads(value), "authorized_subject_ids": ["<redacted: not a DID>"]}
+    assert "alice" not in raw.decode()
+    assert letter.event_id == json.loads(value)["event_id"]
+
+
+def test_backoff_is_capped_jittered_and_honours_retry_after() -> None:
+    rng = random.Random(7)
+    delays = [backoff_delay(n, initial_s=0.5, max_s=8, rng=rng) for n in range(12)]
+    assert all(0.25 <= d <= 8 for d in delays)
+    assert all(4 <= d <= 8 for d in delays[5:])  # capped, with at most half of it random
+    assert len(set(delays[5:])) > 1  # jittered
+    assert backoff_delay(0, initial_s=0.5, max_s=8, retry_after_s=20, rng=rng) == 20
+    assert (
+        backoff_delay(0, initial_s=0.5, max_s=8, retry_after_s=10_000, retry_after_max_s=300, rng=rng) == 300
+    )
+
+
+def test_retry_after_seconds_and_http_date() -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    assert parse_retry_after("7") == 7
+    assert parse_retry_after(format_datetime(now + timedelta(seconds=30), usegmt=True), now=now) == 30
+    assert parse_retry_after("soon") is None
+    assert parse_retry_after(None) is None
+
+
+def test_misconfigured_relay_refuses_to_start_naming_the_variable() -> None:
+    env = {"PATH": "/usr/bin:/bin", "KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "audit_relay"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "CONNECTOR_INTERNAL_URL" in done.stderr
