@@ -10,9 +10,9 @@ from fastapi import FastAPI, Response
 
 from audit_relay.delivery import Accepted, DsSender, Refused, Retry
 from audit_relay.health import Health
-from audit_relay.token import ServiceToken
 from dataplane_local.doubles.server import RunningServer, serve_in_thread
 from dataplane_local.infra import free_port
+from dataplane_service_kit.oauth import ClientCredentialsToken as ServiceToken
 
 
 @pytest.fixture(scope="module")
@@ -57,14 +57,14 @@ async def test_answers_are_sorted_into_accepted_retry_and_final(
     status_server: RunningServer, client: httpx.AsyncClient, code: int, expected: object
 ) -> None:
     health = Health(grace_s=0)
-    sender = DsSender(client, ServiceToken(client, None, None, None), health)
+    sender = DsSender(client, _unconfigured(client), health)
     assert await sender.post(f"{status_server.url}/{code}", "e-1", {"row_count": 1}) == expected
     assert health.ds_auth_ready() == (code not in (401, 403))
 
 
 async def test_unreachable_ds_is_retried_and_unready_after_the_grace(client: httpx.AsyncClient) -> None:
     health = Health(grace_s=0)
-    sender = DsSender(client, ServiceToken(client, None, None, None), health)
+    sender = DsSender(client, _unconfigured(client), health)
     outcome = await sender.post(f"http://127.0.0.1:{free_port()}", "e-1", {})
     assert outcome == Retry("connect_error")
     assert not health.ds_ready()
@@ -72,7 +72,13 @@ async def test_unreachable_ds_is_retried_and_unready_after_the_grace(client: htt
 
 async def test_unreachable_issuer_is_retried_and_unready(client: httpx.AsyncClient) -> None:
     health = Health(grace_s=60)
-    token = ServiceToken(client, f"http://127.0.0.1:{free_port()}/token", "svc", "secret")
+    token = ServiceToken(
+        client, token_url=f"http://127.0.0.1:{free_port()}/token", client_id="svc", client_secret="secret"
+    )
     sender = DsSender(client, token, health)
     assert await sender.post("http://127.0.0.1:9", "e-1", {}) == Retry("token")
     assert not health.ds_auth_ready()
+
+
+def _unconfigured(client: httpx.AsyncClient) -> ServiceToken:
+    return ServiceToken(client, token_url=None, client_id=None, client_secret=None)

@@ -16,9 +16,9 @@ from audit_relay.health import Health
 from audit_relay.metrics import Metrics
 from audit_relay.relay import Relay
 from audit_relay.settings import Settings
-from audit_relay.token import ServiceToken
 from dataplane_service_kit.health import health_router
 from dataplane_service_kit.logs import get_logger
+from dataplane_service_kit.oauth import ClientCredentialsToken
 
 log = get_logger(__name__)
 
@@ -53,11 +53,12 @@ def create_app(settings: Settings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         client = httpx.AsyncClient(timeout=settings.audit_relay_http_timeout_s, follow_redirects=False)
         secret = settings.celine_oidc_client_secret
-        token = ServiceToken(
+        token = ClientCredentialsToken(
             client,
-            settings.oidc_token_url(),
-            settings.celine_oidc_client_id,
-            secret.get_secret_value() if secret is not None else None,
+            token_url=settings.oidc_token_url(),
+            client_id=settings.celine_oidc_client_id,
+            client_secret=secret.get_secret_value() if secret is not None else None,
+            timeout_s=settings.audit_relay_http_timeout_s,
         )
         relay = Relay(
             settings=settings,

@@ -17,7 +17,8 @@ import httpx
 from opentelemetry import propagate, trace
 
 from audit_relay.health import Health
-from audit_relay.token import ServiceToken, TokenUnavailable
+from dataplane_service_kit.oauth import ClientCredentialsToken as ServiceToken
+from dataplane_service_kit.oauth import TokenUnavailable
 
 AUDIT_PATH = "/internal/audit/query"
 _tracer = trace.get_tracer("audit_relay")

@@ -17,7 +17,7 @@ from dataplane_contracts.catalogue import load_catalogue
 from dataplane_service_kit.errors import install_error_handlers
 from dataplane_service_kit.health import ReadinessCheck, health_router
 from dataplane_service_kit.logs import get_logger
-from query_gateway.connector import ConnectorClient, ServiceTokens
+from query_gateway.connector import ConnectorClient, service_tokens
 from query_gateway.disclosure import DisclosurePublisher
 from query_gateway.gateway import Gateway
 from query_gateway.identity import OidcVerifier
@@ -79,7 +79,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             oidc=OidcVerifier(
                 http, settings.oidc_jwks_uri(), settings.oidc_issuer(), settings.celine_oidc_audience
             ),
-            connector=ConnectorClient(http, settings, ServiceTokens(http, settings)),
+            connector=ConnectorClient(http, settings, service_tokens(http, settings)),
             disclosures=DisclosurePublisher(producer, settings.audit_publish_timeout_ms),
             pull=pull,
         )

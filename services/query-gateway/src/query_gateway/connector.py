@@ -21,6 +21,7 @@ from dataplane_contracts.settings import (
 )
 from dataplane_service_kit.errors import ServiceError
 from dataplane_service_kit.logs import get_logger
+from dataplane_service_kit.oauth import ClientCredentialsToken, TokenUnavailable
 from query_gateway.settings import GatewaySettings
 
 log = get_logger("query_gateway.connector")
@@ -28,42 +29,16 @@ _EDR_ALGORITHMS = ["ES256", "RS256"]
 _REFRESH_SECONDS = 30.0
 
 
-class ServiceTokens:
-    """This service's own bearer from the issuer's client-credentials grant, cached until shortly
-    before it expires. No client configured → no token (the connector will refuse)."""
-
-    def __init__(self, http: httpx.AsyncClient, settings: GatewaySettings) -> None:
-        self._http = http
-        self._url = settings.oidc_token_url()
-        self._client_id = settings.celine_oidc_client_id
-        secret = settings.celine_oidc_client_secret
-        self._secret = secret.get_secret_value() if secret is not None else ""
-        self._token: str | None = None
-        self._valid_until = 0.0
-        self._lock = asyncio.Lock()
-
-    async def token(self) -> str | None:
-        if not self._client_id or not self._url:
-            log.warning("no client credentials configured; connector calls carry no bearer")
-            return None
-        async with self._lock:
-            if self._token is None or time.monotonic() >= self._valid_until:
-                response = await self._http.post(
-                    self._url,
-                    data={
-                        "grant_type": "client_credentials",
-                        "client_id": self._client_id,
-                        "client_secret": self._secret,
-                    },
-                    timeout=5.0,
-                )
-                response.raise_for_status()
-                body = response.json()
-                self._token = str(body["access_token"])
-                lifetime = body.get("expires_in")
-                lifetime = lifetime if isinstance(lifetime, int) and lifetime > 0 else 60
-                self._valid_until = time.monotonic() + max(1, lifetime - 30)
-            return self._token
+def service_tokens(http: httpx.AsyncClient, settings: GatewaySettings) -> ClientCredentialsToken:
+    """This service's own bearer for ds (reference §1.4); no client configured → no bearer."""
+    secret = settings.celine_oidc_client_secret
+    return ClientCredentialsToken(
+        http,
+        token_url=settings.oidc_token_url(),
+        client_id=settings.celine_oidc_client_id,
+        client_secret=secret.get_secret_value() if secret is not None else None,
+        timeout_s=settings.connector_timeout_seconds,
+    )
 
 
 @dataclass(frozen=True)
@@ -90,7 +65,9 @@ def resolve_connector(settings: ConnectorSettings, provider: str | None) -> str:
 
 
 class ConnectorClient:
-    def __init__(self, http: httpx.AsyncClient, settings: GatewaySettings, tokens: ServiceTokens) -> None:
+    def __init__(
+        self, http: httpx.AsyncClient, settings: GatewaySettings, tokens: ClientCredentialsToken
+    ) -> None:
         self._http = http
         self._settings = settings
         self._tokens = tokens
@@ -101,8 +78,8 @@ class ConnectorClient:
 
     async def _headers(self) -> dict[str, str]:
         try:
-            token = await self._tokens.token()
-        except (httpx.HTTPError, KeyError, ValueError):
+            token = await self._tokens.get()
+        except TokenUnavailable:
             raise ServiceError("ds_unavailable", "service credentials unavailable") from None
         return {"Authorization": f"Bearer {token}"} if token else {}
 
