@@ -1,5 +1,6 @@
-"""A control-plane double: receives DPS callbacks (`POST /transfers/{id}/dataflow/{action}`) and
-records each with its body and Authorization header; `status` sets what it answers.
+"""A control-plane double: receives DPS callbacks (`POST [{prefix}]/transfers/{id}/dataflow/{action}`,
+under any base path) and records each with its path, body and Authorization header; `status` sets
+what it answers (other paths get 404).
 
     cp, server = start_control_plane()
     ... signaling calls f"{server.url}/transfers/t1/dataflow/started" ...
@@ -8,6 +9,7 @@ records each with its body and Authorization header; `status` sets what it answe
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,9 +18,12 @@ from fastapi.responses import JSONResponse, Response
 
 from dataplane_local.doubles.server import RunningServer, serve_in_thread
 
+_CALLBACK = re.compile(r"^(?P<base>.*)/transfers/(?P<transfer>[^/]+)/dataflow/(?P<action>[^/]+)$")
+
 
 @dataclass(frozen=True)
 class Callback:
+    path: str
     transfer_id: str
     action: str
     body: Any
@@ -33,8 +38,11 @@ class ControlPlaneDouble:
     def app(self) -> FastAPI:
         app = FastAPI(title="control-plane-double")
 
-        @app.post("/transfers/{transfer_id}/dataflow/{action}")
-        async def callback(transfer_id: str, action: str, request: Request) -> Response:
+        @app.post("/{path:path}")
+        async def callback(path: str, request: Request) -> Response:
+            match = _CALLBACK.match(request.url.path)
+            if match is None:
+                return JSONResponse({"error": "not_found"}, status_code=404)
             raw = await request.body()
             body: Any = None
             if raw:
@@ -42,7 +50,15 @@ class ControlPlaneDouble:
                     body = await request.json()
                 except ValueError:
                     body = raw.decode(errors="replace")
-            self.calls.append(Callback(transfer_id, action, body, request.headers.get("authorization")))
+            self.calls.append(
+                Callback(
+                    request.url.path,
+                    match["transfer"],
+                    match["action"],
+                    body,
+                    request.headers.get("authorization"),
+                )
+            )
             if self.status >= 300:
                 return JSONResponse({"error": "refused"}, status_code=self.status)
             return Response(status_code=self.status)

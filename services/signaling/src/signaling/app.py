@@ -1,0 +1,186 @@
+"""The signaling application factory and its lifespan (clients created and disposed there)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+
+import httpx
+from aiokafka import AIOKafkaProducer
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from dataplane_service_kit.errors import ServiceError, install_error_handlers
+from dataplane_service_kit.health import ReadinessCheck, health_router
+from dataplane_service_kit.logs import get_logger
+from signaling import audit, metrics
+from signaling.callbacks import ControlPlaneClient
+from signaling.flows import FlowService
+from signaling.migrate import check_at_head
+from signaling.oidc import JwtVerifier, ServiceTokenSource
+from signaling.outbox import OutboxRelay
+from signaling.routes import router
+from signaling.settings import Settings
+from signaling.state import AppState, Dps
+from signaling.tokens import PullTokenSigner
+
+log = get_logger(__name__)
+
+
+def _build_dps(settings: Settings, state: AppState) -> Dps:
+    key = settings.signing_key
+    issuer, jwks_uri, token_url = settings.oidc_issuer(), settings.oidc_jwks_uri(), settings.oidc_token_url()
+    if key is None or not issuer or not jwks_uri or not token_url or not settings.celine_oidc_audience:
+        # Settings validation already refuses this; never serve signalling without them
+        raise RuntimeError("DPS_ENABLED needs DPS_TOKEN_SIGNING_KEY and the CELINE_OIDC_* settings")
+    tokens = None
+    if settings.celine_oidc_client_id and settings.celine_oidc_client_secret:
+        tokens = ServiceTokenSource(
+            state.http,
+            token_url,
+            settings.celine_oidc_client_id,
+            settings.celine_oidc_client_secret.get_secret_value(),
+        )
+    relay = state.relay
+    return Dps(
+        flows=FlowService(
+            state.engine,
+            PullTokenSigner(key, settings.dps_token_key_id),
+            settings.dps_public_url,
+            list(settings.dps_transfer_types),
+            on_commit=relay.wake if relay is not None else (lambda: None),
+        ),
+        verifier=JwtVerifier(
+            state.http,
+            issuer,
+            settings.celine_oidc_audience,
+            jwks_uri=jwks_uri,
+            min_refetch_seconds=settings.celine_oidc_jwks_min_refetch_seconds,
+        ),
+        control_planes=ControlPlaneClient(
+            state.http, state.engine, tokens, settings.callback_timeout_seconds
+        ),
+        admitted=frozenset(settings.dps_control_plane_clients),
+    )
+
+
+def _lifespan(settings: Settings):  # type: ignore[no-untyped-def]
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = create_async_engine(
+            settings.database_url, pool_size=settings.db_pool_size, pool_pre_ping=True
+        )
+        try:
+            await check_at_head(engine)
+        except Exception as exc:
+            log.error("startup_refused", reason=str(exc))
+            await engine.dispose()
+            raise
+        http = httpx.AsyncClient(timeout=settings.callback_timeout_seconds)
+        producer = AIOKafkaProducer(
+            bootstrap_servers=settings.kafka_bootstrap_servers,
+            acks="all",
+            enable_idempotence=settings.kafka_enable_idempotence,
+        )
+        await producer.start()
+        relay = None
+        if settings.outbox_relay_enabled:
+            relay = OutboxRelay(
+                engine,
+                producer,
+                settings.outbox_poll_interval_ms / 1000,
+                settings.outbox_batch_size,
+                settings.flow_metrics_interval_seconds,
+            )
+        state = AppState(settings, engine, http, producer, relay, None)
+        if settings.dps_enabled:
+            state.dps = _build_dps(settings, state)
+        app.state.signaling = state
+        if relay is not None:
+            relay.start()
+        log.info("signaling_started", dps_enabled=settings.dps_enabled, relay=relay is not None)
+        try:
+            yield
+        finally:
+            if relay is not None:
+                await relay.stop()
+            await producer.stop()
+            await http.aclose()
+            await engine.dispose()
+
+    return lifespan
+
+
+def _checks(app: FastAPI) -> Mapping[str, ReadinessCheck]:
+    state: AppState | None = getattr(app.state, "signaling", None)
+    if state is None:
+        return {}
+
+    async def database() -> bool:
+        async with state.engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+        return True
+
+    async def kafka() -> bool:
+        await state.producer.client.fetch_all_metadata()
+        return True
+
+    return {"database": database, "kafka": kafka}
+
+
+def _signal_of(request: Request) -> str:
+    """The signal a refusal belongs to: the last literal segment of the route template."""
+    literal = [seg for seg in audit.route_template(request).split("/") if seg and not seg.startswith("{")]
+    return literal[-1] if literal else "unknown"
+
+
+def _install_audited_errors(app: FastAPI) -> None:
+    """Render errors once (service kit) and, for signalling routes, write the GS-02 record."""
+    install_error_handlers(app, invalid_request_code="invalid_message")
+    render_service = app.exception_handlers[ServiceError]
+    render_invalid = app.exception_handlers[RequestValidationError]
+
+    def record(request: Request, code: str, status: int) -> None:
+        if request.url.path.startswith("/dps"):
+            caller = getattr(request.state, "caller", None)
+            audit.signal_refused(request, code, status, caller)
+            metrics.SIGNALS.labels(signal=_signal_of(request), outcome=code).inc()
+
+    async def on_service_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ServiceError)
+        record(request, exc.code, exc.status_code)
+        response = render_service(request, exc)
+        assert not isinstance(response, Response)
+        rendered: Response = await response
+        return rendered
+
+    async def on_invalid(request: Request, exc: Exception) -> Response:
+        record(request, "invalid_message", 422)
+        response = render_invalid(request, exc)
+        assert not isinstance(response, Response)
+        rendered: Response = await response
+        return rendered
+
+    app.add_exception_handler(ServiceError, on_service_error)
+    app.add_exception_handler(RequestValidationError, on_invalid)
+
+
+def create_app(settings: Settings) -> FastAPI:
+    app = FastAPI(
+        title="dataplane signaling",
+        lifespan=_lifespan(settings),
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    _install_audited_errors(app)
+    app.include_router(health_router(lambda: _checks(app)))
+    if settings.dps_enabled:  # DPS-01: nothing under /dps exists otherwise
+        app.include_router(router)
+    return app
+
+
+__all__ = ["create_app"]

@@ -1,0 +1,1 @@
+"""Alembic migrations of the flows database, run only by `signaling-migrate`."""

@@ -1,0 +1,151 @@
+"""SQL of the flows database. Every function takes the connection of the caller's transaction;
+the service layer decides where a unit of work begins and commits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from dataplane_contracts.dps import DataAddress, FlowRole, FlowState, FlowStateChanged
+from dataplane_contracts.topics import FLOW_EVENTS
+from signaling.tables import control_planes, data_flows, outbox
+
+
+class FlowExists(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class FlowRecord:
+    id: str
+    role: FlowRole
+    state: FlowState
+    caller: str
+    participant_id: str
+    counter_party_id: str
+    agreement_id: str
+    dataset_id: str
+    transfer_type: str
+    callback_address: str | None
+    data_address: DataAddress | None
+    token_id: str | None
+
+    @classmethod
+    def from_row(cls, row: Any) -> FlowRecord:
+        m = row._mapping
+        return cls(
+            id=m["id"],
+            role=FlowRole(m["role"]),
+            state=FlowState(m["state"]),
+            caller=m["caller"],
+            participant_id=m["participant_id"],
+            counter_party_id=m["counter_party_id"],
+            agreement_id=m["agreement_id"],
+            dataset_id=m["dataset_id"],
+            transfer_type=m["transfer_type"],
+            callback_address=m["callback_address"],
+            data_address=None if m["data_address"] is None else DataAddress.model_validate(m["data_address"]),
+            token_id=m["token_id"],
+        )
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+async def insert_flow(conn: AsyncConnection, values: dict[str, Any]) -> None:
+    """Insert a new flow; a taken id (or token id) is FlowExists. Runs in a savepoint so the
+    conflict leaves the caller's transaction usable."""
+    stamp = now()
+    try:
+        async with conn.begin_nested():
+            await conn.execute(data_flows.insert().values(created_at=stamp, updated_at=stamp, **values))
+    except IntegrityError as exc:
+        raise FlowExists from exc
+
+
+async def lock_flow(conn: AsyncConnection, flow_id: str, caller: str) -> FlowRecord | None:
+    """The caller's flow, locked until the transaction ends (signals on one flow are serialised)."""
+    stmt = (
+        select(data_flows).where(data_flows.c.id == flow_id, data_flows.c.caller == caller).with_for_update()
+    )
+    row = (await conn.execute(stmt)).first()
+    return None if row is None else FlowRecord.from_row(row)
+
+
+async def get_flow(conn: AsyncConnection, flow_id: str, caller: str) -> FlowRecord | None:
+    stmt = select(data_flows).where(data_flows.c.id == flow_id, data_flows.c.caller == caller)
+    row = (await conn.execute(stmt)).first()
+    return None if row is None else FlowRecord.from_row(row)
+
+
+async def update_flow(conn: AsyncConnection, flow_id: str, values: dict[str, Any]) -> None:
+    await conn.execute(
+        update(data_flows).where(data_flows.c.id == flow_id).values(updated_at=now(), **values)
+    )
+
+
+async def flows_by_state(conn: AsyncConnection) -> dict[str, int]:
+    rows = await conn.execute(select(data_flows.c.state, func.count()).group_by(data_flows.c.state))
+    return {state: count for state, count in rows.tuples()}
+
+
+# ------------------------------------------------------------------ control planes (DPS-11)
+
+
+async def register_control_plane(
+    conn: AsyncConnection, controlplane_id: str, endpoint: str, caller: str
+) -> bool:
+    """Register or replace; False when the id belongs to another caller (the statement itself
+    enforces ownership, so two callers racing cannot both win)."""
+    stmt = pg_insert(control_planes).values(
+        controlplane_id=controlplane_id, endpoint=endpoint, registered_by=caller, updated_at=now()
+    )
+    upsert = stmt.on_conflict_do_update(
+        index_elements=[control_planes.c.controlplane_id],
+        set_={"endpoint": stmt.excluded.endpoint, "updated_at": stmt.excluded.updated_at},
+        where=control_planes.c.registered_by == caller,
+    ).returning(control_planes.c.controlplane_id)
+    return (await conn.execute(upsert)).first() is not None
+
+
+async def delete_control_plane(conn: AsyncConnection, controlplane_id: str, caller: str) -> bool:
+    stmt = control_planes.delete().where(
+        control_planes.c.controlplane_id == controlplane_id, control_planes.c.registered_by == caller
+    )
+    return (await conn.execute(stmt)).rowcount > 0
+
+
+async def registered_endpoint(conn: AsyncConnection, caller: str) -> str | None:
+    """The endpoint the caller registered most recently (the DPS-12 fallback callback base)."""
+    stmt = (
+        select(control_planes.c.endpoint)
+        .where(control_planes.c.registered_by == caller)
+        .order_by(control_planes.c.updated_at.desc())
+        .limit(1)
+    )
+    return (await conn.execute(stmt)).scalar()
+
+
+# ------------------------------------------------------------------ outbox
+
+
+async def add_event(conn: AsyncConnection, event: FlowStateChanged, headers: list[tuple[str, bytes]]) -> None:
+    """Written in the transition's own transaction: the event exists iff the transition committed.
+    The trace headers are captured now so the relay publishes them under the request's trace."""
+    await conn.execute(
+        outbox.insert().values(
+            event_id=event.event_id,
+            topic=FLOW_EVENTS,
+            key=event.flow_id,
+            payload=event.model_dump(mode="json"),
+            headers=[[k, v.decode()] for k, v in headers],
+            created_at=now(),
+        )
+    )

@@ -1,0 +1,182 @@
+"""The DPS signalling routes (DPS-02 … DPS-11), mounted only when DPS_ENABLED (DPS-01).
+
+Handlers parse, authorise and delegate to FlowService; refusals are ServiceErrors rendered (and
+audited) once by the handlers installed in app.py."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Depends, Request, Response
+from fastapi.responses import JSONResponse
+
+from dataplane_contracts.dps import (
+    SIGNALING_PATH,
+    ControlPlaneRegistrationMessage,
+    DataFlowPrepareMessage,
+    DataFlowResumeMessage,
+    DataFlowStartedMessage,
+    DataFlowStartMessage,
+    DataFlowStatusMessage,
+    DataFlowSuspendMessage,
+    DataFlowTerminateMessage,
+    DataPlaneRegistrationMessage,
+)
+from dataplane_service_kit.errors import ServiceError
+from signaling import metrics, repository
+from signaling.oidc import InvalidToken
+from signaling.state import Dps, app_state, dps_state
+
+_BEARER = {"WWW-Authenticate": "Bearer"}
+
+
+async def signalling_caller(request: Request) -> str:
+    """DPS-02: a valid bearer from the configured issuer, whose azp (else client_id) is admitted."""
+    dps = dps_state(request)
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise ServiceError("no_token", "signalling requires a bearer token", _BEARER)
+    try:
+        claims = await dps.verifier.verify(token.strip())
+    except InvalidToken:
+        raise ServiceError("invalid_token", "signalling token is not valid", _BEARER) from None
+    client = claims.get("azp") or claims.get("client_id")
+    if isinstance(client, str):
+        request.state.caller = client  # named in the access record from here on
+    if not isinstance(client, str) or client not in dps.admitted:
+        raise ServiceError("client_not_admitted", "this client may not signal this data plane")
+    return client
+
+
+Caller = Annotated[str, Depends(signalling_caller)]
+DpsDep = Annotated[Dps, Depends(dps_state)]
+
+
+def _ok(signal: str) -> None:
+    metrics.SIGNALS.labels(signal=signal, outcome="ok").inc()
+
+
+def _status(msg: DataFlowStatusMessage) -> JSONResponse:
+    return JSONResponse(msg.wire())
+
+
+router = APIRouter(prefix="/dps")
+flows = APIRouter(prefix=SIGNALING_PATH.removeprefix("/dps"))
+
+
+@router.get("/registration")
+async def registration(request: Request, _: Caller) -> JSONResponse:
+    """DPS-10: EDC's data-plane registration body, without the authorization profile."""
+    settings = app_state(request).settings
+    msg = DataPlaneRegistrationMessage(
+        dataplaneId=settings.dps_dataplane_id,
+        endpoint=settings.dps_signaling_url.rstrip("/") + SIGNALING_PATH,
+        transferTypes=list(settings.dps_transfer_types),
+        labels=list(settings.dps_labels),
+    )
+    _ok("registration")
+    return JSONResponse(msg.model_dump(mode="json", by_alias=True))
+
+
+@router.put("/v1/controlplanes")
+async def register_control_plane(
+    msg: ControlPlaneRegistrationMessage, caller: Caller, request: Request
+) -> Response:
+    """DPS-11: register or replace; the authorization profile is accepted and dropped."""
+    async with app_state(request).engine.begin() as conn:
+        ok = await repository.register_control_plane(conn, msg.controlplane_id, msg.endpoint, caller)
+    if not ok:
+        raise ServiceError("control_plane_taken", "this control plane id is registered by another client")
+    _ok("controlplanes")
+    return Response(status_code=200)
+
+
+@router.delete("/v1/controlplanes/{controlplane_id}")
+async def delete_control_plane(controlplane_id: str, caller: Caller, request: Request) -> Response:
+    async with app_state(request).engine.begin() as conn:
+        ok = await repository.delete_control_plane(conn, controlplane_id, caller)
+    if not ok:
+        raise ServiceError("control_plane_not_found", "no such control plane registration")
+    _ok("controlplanes")
+    return Response(status_code=204)
+
+
+@flows.post("/prepare")
+async def prepare(msg: DataFlowPrepareMessage, caller: Caller, dps: DpsDep) -> JSONResponse:
+    answer = await dps.flows.prepare(msg, caller)
+    _ok("prepare")
+    return _status(answer)
+
+
+@flows.post("/start")
+async def start(msg: DataFlowStartMessage, caller: Caller, dps: DpsDep) -> JSONResponse:
+    answer = await dps.flows.start(msg, caller)
+    _ok("start")
+    return _status(answer)
+
+
+@flows.post("/{flow_id}/started")
+async def started(
+    flow_id: str,
+    caller: Caller,
+    dps: DpsDep,
+    msg: Annotated[DataFlowStartedMessage | None, Body()] = None,
+) -> Response:
+    await dps.flows.started(flow_id, None if msg is None else msg.data_address, caller)
+    _ok("started")
+    return Response(status_code=200)
+
+
+@flows.post("/{flow_id}/suspend")
+async def suspend(
+    flow_id: str,
+    caller: Caller,
+    dps: DpsDep,
+    msg: Annotated[DataFlowSuspendMessage | None, Body()] = None,
+) -> Response:
+    await dps.flows.suspend(flow_id, caller)
+    _ok("suspend")
+    return Response(status_code=200)
+
+
+@flows.post("/{flow_id}/resume")
+async def resume(
+    flow_id: str,
+    caller: Caller,
+    dps: DpsDep,
+    msg: Annotated[DataFlowResumeMessage | None, Body()] = None,
+) -> JSONResponse:
+    answer = await dps.flows.resume(flow_id, None if msg is None else msg.data_address, caller)
+    _ok("resume")
+    return _status(answer)
+
+
+@flows.post("/{flow_id}/terminate")
+async def terminate(
+    flow_id: str,
+    caller: Caller,
+    dps: DpsDep,
+    msg: Annotated[DataFlowTerminateMessage | None, Body()] = None,
+) -> Response:
+    await dps.flows.terminate(flow_id, caller)
+    _ok("terminate")
+    return Response(status_code=200)
+
+
+@flows.post("/{flow_id}/completed")
+async def completed(flow_id: str, caller: Caller, dps: DpsDep) -> Response:
+    """The body (normally `{}`) is ignored."""
+    await dps.flows.completed(flow_id, caller)
+    _ok("completed")
+    return Response(status_code=200)
+
+
+@flows.get("/{flow_id}/status")
+async def status(flow_id: str, caller: Caller, dps: DpsDep) -> JSONResponse:
+    answer = await dps.flows.status(flow_id, caller)
+    _ok("status")
+    return JSONResponse(answer.model_dump(mode="json", by_alias=True))
+
+
+router.include_router(flows)

@@ -1,0 +1,134 @@
+"""Signaling's settings, validated at start-up (a wrong variable stops the service with its name).
+
+Field names are the environment variable names in lower case (no prefix)."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import load_pem_private_key
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
+from pydantic_settings import NoDecode, SettingsConfigDict
+
+from dataplane_contracts.dps import DEFAULT_PULL_GRANT_ROLE, is_pull_transfer
+from dataplane_contracts.settings import BASE_CONFIG, HttpSettings, KafkaSettings, OidcSettings
+
+StrList = Annotated[list[str], NoDecode]
+
+
+def _str_list(v: Any) -> Any:
+    """A JSON array, or a comma-separated list (easier to write in a Helm value)."""
+    if isinstance(v, str):
+        text = v.strip()
+        if text.startswith("["):
+            return json.loads(text)
+        return [p.strip() for p in text.split(",") if p.strip()]
+    return v
+
+
+def async_database_url(url: str) -> str:
+    """`postgresql://…` (the asyncpg/libpq form every tool uses) → SQLAlchemy's asyncpg URL."""
+    for prefix in ("postgresql+asyncpg://", "postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+asyncpg://" + url[len(prefix) :]
+    raise ValueError("must be a postgresql:// URL")
+
+
+def load_signing_key(pem: str) -> ec.EllipticCurvePrivateKey:
+    """An EC P-256 private key, or ValueError; `\\n` escapes are accepted for one-line env values."""
+    if "\n" not in pem and "\\n" in pem:
+        pem = pem.replace("\\n", "\n")
+    try:
+        key = load_pem_private_key(pem.encode(), password=None)
+    except (ValueError, TypeError):
+        raise ValueError("is not a PEM private key") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey) or not isinstance(key.curve, ec.SECP256R1):
+        raise ValueError("must be an EC P-256 private key (ES256)")
+    return key
+
+
+class Settings(HttpSettings, KafkaSettings, OidcSettings):
+    """The shared mixins (HTTP, Kafka, OIDC: `CELINE_OIDC_JWKS_URI` defaults to
+    `{CELINE_OIDC_BASE_URL}/protocol/openid-connect/certs`, the token endpoint is
+    `{base}/protocol/openid-connect/token`) plus signaling's own variables."""
+
+    # validate_default: the "required when DPS_ENABLED" checks must run for unset variables too
+    model_config = SettingsConfigDict(**BASE_CONFIG, validate_default=True)
+
+    http_port: int = Field(default=8001, ge=1, le=65535)
+
+    database_url: str
+    db_pool_size: int = Field(default=5, ge=1)
+
+    outbox_relay_enabled: bool = True
+    outbox_poll_interval_ms: int = Field(default=500, ge=10)
+    outbox_batch_size: int = Field(default=100, ge=1)
+    flow_metrics_interval_seconds: float = Field(default=15.0, ge=0)
+
+    dps_enabled: bool = False
+    dps_dataplane_id: str = "dataset-api"
+    dps_signaling_url: str = "http://localhost:8001"
+    dps_public_url: str = "http://localhost:8001"
+    dps_transfer_types: StrList = Field(default_factory=lambda: ["HttpData-PULL"])
+    dps_labels: StrList = Field(default_factory=list)
+    dps_control_plane_clients: StrList = Field(default_factory=list)
+    dps_token_signing_key: SecretStr | None = None
+    dps_token_key_id: str | None = None
+    dps_pull_grant_role: str = DEFAULT_PULL_GRANT_ROLE
+
+    celine_oidc_jwks_min_refetch_seconds: float = Field(default=10.0, ge=0)
+    callback_timeout_seconds: float = Field(default=5.0, gt=0)
+
+    @field_validator("database_url")
+    @classmethod
+    def _asyncpg(cls, v: str) -> str:
+        return async_database_url(v)
+
+    @field_validator("dps_transfer_types", "dps_labels", "dps_control_plane_clients", mode="before")
+    @classmethod
+    def _lists(cls, v: Any) -> Any:
+        return _str_list(v)
+
+    @field_validator("dps_transfer_types")
+    @classmethod
+    def _pull_only(cls, v: list[str]) -> list[str]:
+        push = [t for t in v if not is_pull_transfer(t)]
+        if push:
+            raise ValueError(f"only pull transfer types are supported, not {push}")
+        if not v:
+            raise ValueError("at least one transfer type is needed")
+        return v
+
+    @field_validator("dps_token_signing_key", mode="after")
+    @classmethod
+    def _ec_key(cls, v: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
+        if v is None:
+            if info.data.get("dps_enabled"):
+                raise ValueError("is required when DPS_ENABLED is true")
+            return None
+        load_signing_key(v.get_secret_value())
+        return v
+
+    @model_validator(mode="after")
+    def _oidc_when_enabled(self) -> Settings:
+        # a model validator: the OIDC fields (from the mixin) are validated before DPS_ENABLED
+        if self.dps_enabled:
+            missing = [
+                name
+                for name, value in (
+                    ("CELINE_OIDC_BASE_URL", self.celine_oidc_base_url),
+                    ("CELINE_OIDC_AUDIENCE", self.celine_oidc_audience),
+                )
+                if not value
+            ]
+            if missing:
+                raise ValueError(f"{', '.join(missing)} required when DPS_ENABLED is true")
+        return self
+
+    @property
+    def signing_key(self) -> ec.EllipticCurvePrivateKey | None:
+        if self.dps_token_signing_key is None:
+            return None
+        return load_signing_key(self.dps_token_signing_key.get_secret_value())

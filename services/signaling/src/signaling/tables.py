@@ -1,0 +1,66 @@
+"""The flows database as SQLAlchemy Core tables (the schema itself comes only from migrations).
+
+No column can hold a credential: no token (only its id), no authorization profile, and data
+addresses are stored after `DataAddress.without_credentials()`."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    DateTime,
+    MetaData,
+    String,
+    Table,
+    Text,
+    Uuid,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+metadata = MetaData()
+
+data_flows = Table(
+    "dps_data_flows",
+    metadata,
+    Column("id", String(255), primary_key=True),
+    Column("role", String(16), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("caller", String(255), nullable=False),
+    Column("participant_id", String(1024), nullable=False),
+    Column("counter_party_id", String(1024), nullable=False),
+    Column("agreement_id", String(255), nullable=False),
+    Column("dataset_id", String(255), nullable=False),
+    Column("transfer_type", String(512), nullable=False),
+    Column("dataspace_context", String(255), nullable=True),
+    Column("callback_address", Text, nullable=True),
+    Column("claims", JSON, nullable=False),
+    Column("labels", JSON, nullable=False),
+    Column("metadata", JSON, nullable=False),
+    Column("data_address", JSON, nullable=True),
+    Column("token_id", String(64), nullable=True, unique=True),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+)
+
+control_planes = Table(
+    "dps_control_planes",
+    metadata,
+    Column("controlplane_id", String(255), primary_key=True),
+    Column("endpoint", Text, nullable=False),
+    Column("registered_by", String(255), nullable=False, index=True),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+)
+
+outbox = Table(
+    "dps_outbox",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("event_id", Uuid, nullable=False, unique=True),
+    Column("topic", String(255), nullable=False),
+    Column("key", String(255), nullable=False),
+    Column("payload", JSONB, nullable=False),
+    Column("headers", JSONB, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("sent_at", DateTime(timezone=True), nullable=True),
+)

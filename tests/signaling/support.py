@@ -1,0 +1,268 @@
+"""Helpers for the signaling tests (importable as `signaling_support`, registered by conftest):
+names of the test clients, message builders, the flow-events reader, the migrate runner, and
+`SignalingProcess` for running `signaling` as a real server process.
+
+Candidate for a shared `tests/support/` module: the process runner and topic reader are generic."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
+
+from dataplane_contracts.topics import FLOW_EVENTS
+from signaling.app import create_app
+from signaling.settings import Settings
+
+AUDIENCE = "svc-signaling"
+CP = "edc-control-plane"  # admitted
+OTHER_CP = "other-control-plane"  # admitted, a different caller
+STRANGER = "not-admitted"
+SERVICE_CLIENT, SERVICE_SECRET = "dataplane-signaling", "signaling-secret"
+FLOWS = "/dps/v1/dataflows"
+
+
+def pem_of(key: ec.EllipticCurvePrivateKey) -> str:
+    return key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()).decode()
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def new_id() -> str:
+    return f"flow-{uuid.uuid4().hex[:12]}"
+
+
+def start_message(flow_id: str, **overrides: Any) -> dict[str, Any]:
+    """An EDC 0.18 (RC2-named) DataFlowStartMessage; an override of `...` removes the field."""
+    msg: dict[str, Any] = {
+        "messageId": str(uuid.uuid4()),
+        "participantId": "did:web:provider.example",
+        "counterPartyId": "did:web:consumer.example",
+        "dataspaceContext": "ctx",
+        "processId": flow_id,
+        "agreementId": "agreement-1",
+        "datasetId": "dataset-1",
+        "transferType": "HttpData-PULL",
+        "claims": {},
+        "callbackAddress": None,
+    }
+    msg.update(overrides)
+    return {k: v for k, v in msg.items() if v is not ...}
+
+
+def consumer_address(token: str = "provider-secret-token") -> dict[str, Any]:
+    """A provider's pull address as a consumer receives it (with its credential)."""
+    return {
+        "@type": "DataAddress",
+        "endpointType": "https://w3id.org/idsa/v4.1/HTTP",
+        "endpoint": "https://provider.example/dps/public",
+        "endpointProperties": [
+            {
+                "@type": "EndpointProperty",
+                "name": "https://w3id.org/edc/v0.0.1/ns/authorization",
+                "value": token,
+            },
+            {
+                "@type": "EndpointProperty",
+                "name": "https://w3id.org/edc/v0.0.1/ns/authType",
+                "value": "bearer",
+            },
+        ],
+    }
+
+
+def token_of(status_body: dict[str, Any]) -> str:
+    for p in status_body["dataAddress"]["endpointProperties"]:
+        if p["name"].endswith("authorization"):
+            return str(p["value"])
+    raise AssertionError("no authorization property")
+
+
+def settings_values(db_url: str, bootstrap: str, oidc_url: str, signing_pem: str | None) -> dict[str, Any]:
+    return {
+        "database_url": db_url,
+        "kafka_bootstrap_servers": bootstrap,
+        "kafka_enable_idempotence": False,
+        "outbox_poll_interval_ms": 100,
+        "dps_enabled": True,
+        "dps_signaling_url": "https://signaling.example",
+        "dps_public_url": "https://gateway.example",
+        "dps_control_plane_clients": [CP, OTHER_CP],
+        "dps_token_signing_key": signing_pem,
+        "celine_oidc_base_url": oidc_url,
+        "celine_oidc_audience": AUDIENCE,
+        "celine_oidc_client_id": SERVICE_CLIENT,
+        "celine_oidc_client_secret": SERVICE_SECRET,
+        "celine_oidc_jwks_min_refetch_seconds": 0,
+    }
+
+
+@dataclass
+class Running:
+    client: httpx.AsyncClient
+    settings: Settings
+
+
+@asynccontextmanager
+async def run_app(values: dict[str, Any]) -> AsyncIterator[Running]:
+    """The app in-process through ASGI, its lifespan run (as the server would)."""
+    settings = Settings(**values)
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://signaling") as client:
+            yield Running(client, settings)
+
+
+async def sql(url: str, query: str, *args: Any) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(url)
+    try:
+        return list(await conn.fetch(query, *args))
+    finally:
+        await conn.close()
+
+
+async def live_grants(url: str) -> dict[str, dict[str, Any]]:
+    rows = await sql(url, "SELECT * FROM dps_pull_grants")
+    return {r["token_id"]: dict(r) for r in rows}
+
+
+def run_migrate(database_url: str, *args: str, role: str | None = None) -> subprocess.CompletedProcess[str]:
+    """`signaling-migrate` exactly as an operator runs it, in its own process."""
+    env = {**os.environ, "DATABASE_URL": database_url}
+    if role is not None:
+        env["DPS_PULL_GRANT_ROLE"] = role
+    return subprocess.run(
+        [sys.executable, "-m", "signaling.migrate", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+async def read_flow_events(
+    bootstrap: str, until: Callable[[list[dict[str, Any]]], bool], timeout: float = 20.0
+) -> list[dict[str, Any]]:
+    """Records of the flow-events topic from the beginning (no group: assign + seek), read until
+    `until(records)` holds or the timeout passes. Each: partition, key, value (parsed), headers."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, fetch_max_wait_ms=10)
+    await consumer.start()
+    records: list[dict[str, Any]] = []
+    try:
+        parts = consumer.partitions_for_topic(FLOW_EVENTS)
+        if not parts:
+            await consumer.topics()
+            parts = consumer.partitions_for_topic(FLOW_EVENTS) or set()
+        tps = [TopicPartition(FLOW_EVENTS, p) for p in sorted(parts)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline and not until(records):
+            batch = await consumer.getmany(timeout_ms=200)
+            for tp, msgs in batch.items():
+                for m in msgs:
+                    records.append(
+                        {
+                            "partition": tp.partition,
+                            "key": m.key.decode() if m.key else None,
+                            "value": json.loads(m.value),
+                            "headers": dict(m.headers or []),
+                        }
+                    )
+    finally:
+        await consumer.stop()
+    return records
+
+
+def events_for(records: list[dict[str, Any]], flow_id: str) -> list[dict[str, Any]]:
+    return [r["value"] for r in records if r["key"] == flow_id]
+
+
+# ----------------------------------------------------------------------------- real processes
+
+
+@dataclass
+class SignalingProcess:
+    proc: subprocess.Popen[bytes]
+    url: str
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def terminate(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs (a crash)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+def process_env(values: dict[str, Any], port: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DPS_", "CELINE_", "KAFKA_", "OUTBOX_"))}
+    for k, v in values.items():
+        if v is None:
+            continue
+        if isinstance(v, list):
+            env[k.upper()] = json.dumps(v)
+        elif isinstance(v, bool):
+            env[k.upper()] = "true" if v else "false"
+        else:
+            env[k.upper()] = str(v)
+    env.update({"HTTP_HOST": "127.0.0.1", "HTTP_PORT": str(port), "LOG_LEVEL": "INFO"})
+    return env
+
+
+def launch(values: dict[str, Any], port: int, log_path: Path) -> SignalingProcess:
+    with log_path.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "signaling"],
+            env=process_env(values, port),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    return SignalingProcess(proc, f"http://127.0.0.1:{port}", log_path)
+
+
+async def wait_ready(p: SignalingProcess, timeout: float = 60.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    async with httpx.AsyncClient() as c:
+        while loop.time() < deadline:
+            if p.proc.poll() is not None:
+                raise RuntimeError(f"signaling exited with {p.proc.returncode}:\n{p.log()[-3000:]}")
+            try:
+                if (await c.get(p.url + "/readyz", timeout=2)).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"signaling not ready in {timeout}s:\n{p.log()[-3000:]}")

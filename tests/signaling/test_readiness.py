@@ -1,0 +1,24 @@
+"""/readyz checks the flows database and the broker; the 503 names the failing dependency."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+from signaling_support import run_app
+
+
+async def test_readyz_names_a_lost_database(base_settings: dict[str, Any], postgres_url: str) -> None:
+    async with run_app(base_settings) as app:
+        ok = await app.client.get("/readyz")
+        assert ok.status_code == 200 and ok.json() == {"status": "ready"}
+        name = base_settings["database_url"].rpartition("/")[2]
+        admin = await asyncpg.connect(postgres_url)
+        try:
+            await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
+        lost = await app.client.get("/readyz")
+        assert lost.status_code == 503
+        assert lost.json()["failing"] == ["database"]
+        assert name not in lost.text
