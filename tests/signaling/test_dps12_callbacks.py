@@ -14,9 +14,9 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from dataplane_contracts.dps import DataFlowStatusMessage, FlowState
 from dataplane_local.doubles.oidc import OidcIssuer
 from dataplane_local.infra import free_port
+from dataplane_service_kit.oauth import ClientCredentialsToken
 from signaling import repository
 from signaling.callbacks import CallbackFailed, ControlPlaneClient
-from signaling.oidc import ServiceTokenSource
 
 
 @pytest.fixture
@@ -24,7 +24,9 @@ async def cp_client(signaling: Any, oidc: OidcIssuer) -> AsyncIterator[ControlPl
     engine = create_async_engine(signaling.settings.database_url)
     async with httpx.AsyncClient() as http:
         token_url = oidc.base_url + "/protocol/openid-connect/token"
-        tokens = ServiceTokenSource(http, token_url, SERVICE_CLIENT, SERVICE_SECRET)
+        tokens = ClientCredentialsToken(
+            http, token_url=token_url, client_id=SERVICE_CLIENT, client_secret=SERVICE_SECRET
+        )
         yield ControlPlaneClient(http, engine, tokens, timeout=2)
     await engine.dispose()
 

@@ -16,11 +16,12 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from dataplane_service_kit.errors import ServiceError, install_error_handlers
 from dataplane_service_kit.health import ReadinessCheck, health_router
 from dataplane_service_kit.logs import get_logger
+from dataplane_service_kit.oauth import ClientCredentialsToken
 from signaling import audit, metrics
 from signaling.callbacks import ControlPlaneClient
 from signaling.flows import FlowService
 from signaling.migrate import check_at_head
-from signaling.oidc import JwtVerifier, ServiceTokenSource
+from signaling.oidc import JwtVerifier
 from signaling.outbox import OutboxRelay
 from signaling.routes import router
 from signaling.settings import Settings
@@ -38,11 +39,11 @@ def _build_dps(settings: Settings, state: AppState) -> Dps:
         raise RuntimeError("DPS_ENABLED needs DPS_TOKEN_SIGNING_KEY and the CELINE_OIDC_* settings")
     tokens = None
     if settings.celine_oidc_client_id and settings.celine_oidc_client_secret:
-        tokens = ServiceTokenSource(
+        tokens = ClientCredentialsToken(
             state.http,
-            token_url,
-            settings.celine_oidc_client_id,
-            settings.celine_oidc_client_secret.get_secret_value(),
+            token_url=token_url,
+            client_id=settings.celine_oidc_client_id,
+            client_secret=settings.celine_oidc_client_secret.get_secret_value(),
         )
     relay = state.relay
     return Dps(

@@ -14,8 +14,8 @@ import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from dataplane_contracts.dps import CALLBACK_ACTIONS, DataFlowStatusMessage
+from dataplane_service_kit.oauth import ClientCredentialsToken, TokenUnavailable
 from signaling import repository
-from signaling.oidc import ServiceTokenSource
 from signaling.repository import FlowRecord
 
 
@@ -28,7 +28,7 @@ class ControlPlaneClient:
         self,
         http: httpx.AsyncClient,
         engine: AsyncEngine,
-        tokens: ServiceTokenSource | None,
+        tokens: ClientCredentialsToken | None,
         timeout: float = 5.0,
     ) -> None:
         self._http = http
@@ -54,9 +54,11 @@ class ControlPlaneClient:
         headers: dict[str, str] = {}
         if self._tokens is not None:
             try:
-                headers["Authorization"] = f"Bearer {await self._tokens.token()}"
-            except (httpx.HTTPError, KeyError, ValueError) as exc:
+                token = await self._tokens.get()
+            except TokenUnavailable as exc:
                 raise CallbackFailed("this service's token could not be obtained") from exc
+            if token:
+                headers["Authorization"] = f"Bearer {token}"
         body: dict[str, Any] = {} if message is None else message.wire()
         try:
             resp = await self._http.post(url, json=body, headers=headers, timeout=self._timeout)

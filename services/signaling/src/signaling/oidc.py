@@ -94,33 +94,3 @@ class JwtVerifier:
         except jwt.PyJWTError as exc:
             raise InvalidToken(type(exc).__name__) from exc
         return claims
-
-
-class ServiceTokenSource:
-    """This service's own client-credentials token (for callbacks), cached until shortly before exp."""
-
-    def __init__(self, http: httpx.AsyncClient, token_url: str, client_id: str, client_secret: str) -> None:
-        self._http = http
-        self._token_url = token_url
-        self._client_id = client_id
-        self._secret = client_secret
-        self._token: str | None = None
-        self._until = 0.0
-        self._lock = asyncio.Lock()
-
-    async def token(self) -> str:
-        async with self._lock:
-            if self._token is None or time.monotonic() >= self._until:
-                resp = await self._http.post(
-                    self._token_url,
-                    data={
-                        "grant_type": "client_credentials",
-                        "client_id": self._client_id,
-                        "client_secret": self._secret,
-                    },
-                )
-                resp.raise_for_status()
-                body = resp.json()
-                self._token = str(body["access_token"])
-                self._until = time.monotonic() + max(0.0, float(body.get("expires_in", 60)) - 30)
-            return self._token
