@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 
+from fastapi import FastAPI
 from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -31,6 +32,7 @@ def setup_telemetry(service_name: str) -> None:
 
 
 def _instrument_libraries() -> None:
+    from opentelemetry.instrumentation.aiokafka import AIOKafkaInstrumentor
     from opentelemetry.instrumentation.asyncpg import AsyncPGInstrumentor
     from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
     from opentelemetry.instrumentation.redis import RedisInstrumentor
@@ -38,6 +40,15 @@ def _instrument_libraries() -> None:
     HTTPXClientInstrumentor().instrument()
     AsyncPGInstrumentor().instrument()  # type: ignore[no-untyped-call]
     RedisInstrumentor().instrument()
+    # publish and consume spans; it appends its own traceparent after ours (see below)
+    AIOKafkaInstrumentor().instrument()
+
+
+def instrument_app(app: FastAPI) -> None:
+    """Server spans for every HTTP request except the probes and the scrape."""
+    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+
+    FastAPIInstrumentor.instrument_app(app, excluded_urls="healthz,readyz,metrics")
 
 
 def shutdown_telemetry() -> None:
@@ -57,6 +68,11 @@ def kafka_headers() -> list[tuple[str, bytes]]:
 def context_from_kafka_headers(
     headers: Iterable[tuple[str, bytes]] | Sequence[tuple[str, bytes]] | None,
 ) -> object:
-    """Extract the producer's trace context so consumer spans join the same trace."""
-    carrier = {k: v.decode(errors="replace") for k, v in (headers or [])}
+    """Extract the producer's trace context so consumer spans join the same trace.
+
+    The first occurrence of a header wins: it is the context the event was created in (an outbox
+    row keeps its request's context), ahead of one the publishing instrumentation appended."""
+    carrier: dict[str, str] = {}
+    for k, v in headers or []:
+        carrier.setdefault(k, v.decode(errors="replace"))
     return propagate.extract(carrier)
