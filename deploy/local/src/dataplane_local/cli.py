@@ -8,14 +8,16 @@ from pathlib import Path
 from dataplane_local.stack import Stack, missing_services
 
 
-def _demo() -> int:
+def _demo(root: Path | None) -> int:
+    from dataplane_local import demo, stack
+
     missing = missing_services()
     if missing:
         print("the demo needs all four services; not available yet:")
         for name, why in missing.items():
             print(f"  {name}: {why}")
-    print("`dataplane-local demo` is not implemented yet.")
-    return 2
+        return 2
+    return demo.main((root or stack.default_root()).resolve())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,15 +40,19 @@ def main(argv: list[str] | None = None) -> int:
         help="start without the services whose code does not exist yet (reported)",
     )
     up.add_argument("--ready-timeout", type=float, default=120.0, help="seconds to wait per service")
+    up.add_argument("--gateways", type=int, default=1, help="query-gateway replicas (own port each)")
+    up.add_argument("--resolvers", type=int, default=1, help="filter-resolver replicas")
     sub.add_parser("down", help="stop everything that `up` started")
     sub.add_parser("status", help="show each process; exit 1 when one is dead")
-    sub.add_parser("demo", help="the end-to-end dataspace story (not yet implemented)")
+    sub.add_parser("demo", help="tell the dataspace story against the running stack, request by request")
     args = parser.parse_args(argv)
     if args.command == "demo":
-        return _demo()
+        return _demo(args.dir)
     stack = Stack(args.dir)
     if args.command == "up":
-        return stack.up(args.infra_only, args.allow_missing_services, args.ready_timeout)
+        return stack.up(
+            args.infra_only, args.allow_missing_services, args.ready_timeout, args.gateways, args.resolvers
+        )
     if args.command == "down":
         return stack.down()
     return stack.status()

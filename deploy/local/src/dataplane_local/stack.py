@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from dataplane_local import infra, provision
-from dataplane_local.procs import PidFile, ProcRecord, record_alive, stop_all
+from dataplane_local.procs import PidFile, ProcRecord, record_alive, stop_all, stop_record
 
 DEPLOY_LOCAL = Path(__file__).resolve().parents[2]  # deploy/local (workspace member, editable)
 # (console script, preferred port), in start order; signaling-migrate runs before signaling
@@ -127,9 +127,23 @@ def _env_line(key: str, value: str) -> str:
     return f"{key}='" + value.replace("'", "'\\''") + "'"
 
 
+def instance_names(name: str, count: int) -> list[str]:
+    """Process names of a service's replicas: `name`, `name-2`, `name-3`, ..."""
+    return [name if i == 0 else f"{name}-{i + 1}" for i in range(count)]
+
+
 class Stack:
-    def __init__(self, root: Path | None = None, log: Callable[[str], None] = print) -> None:
+    def __init__(
+        self,
+        root: Path | None = None,
+        log: Callable[[str], None] = print,
+        env_overrides: dict[str, str] | None = None,
+    ) -> None:
+        """`env_overrides` replace or add service settings (tests: CATALOGUE_PATH, OTEL_*, ...)."""
         self.root = (root or default_root()).resolve()
+        self.env_overrides = dict(env_overrides or {})
+        self.replicas = {name: 1 for name, _ in SERVICES}
+        self.service_envs: dict[str, dict[str, str]] = {}
         self.pidfile = PidFile(self.root / "pids.json")
         self.env_file = self.root / "stack.env"
         self.info_file = self.root / "stack.json"
@@ -139,7 +153,20 @@ class Stack:
         self.service_ports: dict[str, int] = {}
 
     # ------------------------------------------------------------------------------------ up
-    def up(self, infra_only: bool = False, allow_missing: bool = False, ready_timeout: float = 120.0) -> int:
+    def up(
+        self,
+        infra_only: bool = False,
+        allow_missing: bool = False,
+        ready_timeout: float = 120.0,
+        gateways: int = 1,
+        resolvers: int = 1,
+    ) -> int:
+        """Start everything; `gateways` / `resolvers` replicas each run as their own process on
+        their own port (each gateway replica reading its own plan-reply partition)."""
+        if gateways < 1 or resolvers < 1:
+            self.log("--gateways and --resolvers must be at least 1")
+            return 1
+        self.replicas.update({"query-gateway": gateways, "filter-resolver": resolvers})
         alive = [r for r in self.pidfile.load() if record_alive(r)]
         if alive:
             names = ", ".join(r.name for r in alive)
@@ -259,10 +286,13 @@ class Stack:
     def _env(self, urls: dict[str, str]) -> dict[str, str]:
         pg = urls["postgres"]
         signing, public = _dps_keys(self.root)
-        ports = {name: _pick_port(p) for name, p in SERVICES}
+        ports: dict[str, int] = {}
+        for name, preferred in SERVICES:
+            for i, instance in enumerate(instance_names(name, self.replicas[name])):
+                ports[instance] = _pick_port(preferred) if i == 0 else infra.free_port()
         self.service_ports = ports
         oidc = urls["oidc"]
-        return {
+        env = {
             "KAFKA_BOOTSTRAP_SERVERS": urls["kafka"],
             "KAFKA_FETCH_MAX_WAIT_MS": "10",
             "KAFKA_ENABLE_IDEMPOTENCE": "false",
@@ -298,6 +328,7 @@ class Stack:
             "CELINE_OIDC_CLIENT_SECRET": SERVICE_CLIENT[1],
             "LOG_LEVEL": "INFO",
         }
+        return {**env, **self.env_overrides}
 
     def _write_env(self, env: dict[str, str], urls: dict[str, str]) -> None:
         tools = {
@@ -318,7 +349,12 @@ class Stack:
         lines += [_env_line(k, v) for k, v in tools.items()]
         self.env_file.write_text("\n".join(lines) + "\n")
         self.env_file.chmod(0o600)
-        self.info_file.write_text(json.dumps({"env": env, "tools": tools, "urls": urls}, indent=2))
+        replicas = {
+            name: [f"http://127.0.0.1:{self.service_ports[i]}" for i in instance_names(name, count)]
+            for name, count in self.replicas.items()
+        }
+        info = {"env": env, "tools": tools, "urls": urls, "replicas": replicas}
+        self.info_file.write_text(json.dumps(info, indent=2))
 
     # ------------------------------------------------------------------------------ services
     def _start_services(
@@ -330,18 +366,37 @@ class Stack:
         for name, _ in SERVICES:
             if name in missing:
                 continue
-            port = self.service_ports[name]
-            proc_env = {**base, "HTTP_PORT": str(port)}
-            if name == "signaling":
-                if "signaling-migrate" in missing:
-                    raise StackError("signaling-migrate is missing, so signaling cannot start")
-                self._migrate(proc_env)
-            url = f"http://127.0.0.1:{port}"
-            self._spawn(name, "service", _service_command(name), url, proc_env)
-            _wait_http(f"{url}/readyz", ready_timeout, self.records[-1])
-            self.log(f"service {name}: ready on {url}")
-            started.append(name)
+            instances = instance_names(name, self.replicas[name])
+            for i, instance in enumerate(instances):
+                proc_env = {**base, "HTTP_PORT": str(self.service_ports[instance])}
+                if name == "query-gateway" and len(instances) > 1:
+                    # each replica keeps only its own correlation ids: give each its own partition
+                    proc_env["PLAN_REPLY_PARTITION"] = str(i)
+                self.service_envs[instance] = proc_env
+                if name == "signaling":
+                    if "signaling-migrate" in missing:
+                        raise StackError("signaling-migrate is missing, so signaling cannot start")
+                    self._migrate(proc_env)
+                self.start_service(instance, ready_timeout)
+                started.append(instance)
         return started, skipped
+
+    def start_service(self, instance: str, ready_timeout: float = 120.0) -> str:
+        """(Re)start one service process started before by `up` in this object; waits for /readyz."""
+        proc_env = self.service_envs[instance]
+        script = next(name for name, _ in SERVICES if instance in instance_names(name, self.replicas[name]))
+        url = f"http://127.0.0.1:{proc_env['HTTP_PORT']}"
+        self.records = [r for r in self.records if not (r.name == instance and not record_alive(r))]
+        self._spawn(instance, "service", _service_command(script), url, proc_env)
+        _wait_http(f"{url}/readyz", ready_timeout, self.records[-1])
+        self.log(f"service {instance}: ready on {url}")
+        return url
+
+    def stop_service(self, instance: str) -> None:
+        """Stop one service process (SIGTERM, then SIGKILL), keeping its settings for a restart."""
+        for rec in self.records:
+            if rec.name == instance and record_alive(rec) and not stop_record(rec):
+                raise StackError(f"could not stop {instance} (pid {rec.pid})")
 
     def _migrate(self, env: dict[str, str]) -> None:
         log = self.logs / "signaling-migrate.log"
