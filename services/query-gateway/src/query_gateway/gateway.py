@@ -3,6 +3,7 @@ one layer (pure in-process, lookups through the filter-resolver), and execution.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,7 +92,8 @@ class Gateway:
             raise ServiceError("sql_refused", "sql query not provided")
         q = validate_query(body.sql, self.catalogue)
         ctx.touched = list(q.dataset_ids)
-        log.debug("query received", shape=sql_shape(body.sql), datasets=list(q.dataset_ids))
+        if _debug():  # the shape costs a parse: only for a reader of debug lines
+            log.debug("query received", shape=sql_shape(body.sql), datasets=list(q.dataset_ids))
         return q
 
     # ------------------------------------------------------------------ plans
@@ -132,12 +134,16 @@ class Gateway:
         if dataspace:
             # RF-08: the predicate's values are the consenting subjects; even the shape stays out
             log.debug("narrowed statement withheld on a dataspace request")
-        else:
+        elif _debug():
             log.debug("narrowed statement", shape=sql_shape(narrowed.sql), params=list(narrowed.param_labels))
         limit = body.limit if body.limit > 0 else DEFAULT_LIMIT
         return await self.executor.run(
             narrowed, offset=max(0, body.offset), limit=limit, skip_count=body.skip_count
         )
+
+
+def _debug() -> bool:
+    return logging.getLogger("query_gateway.query").isEnabledFor(logging.DEBUG)
 
 
 def _orgs(identity: CallerIdentity | None) -> tuple[Organization, ...]:

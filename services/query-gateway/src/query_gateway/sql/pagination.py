@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import sqlglot
 from sqlglot import exp
 
@@ -78,8 +80,11 @@ def outer_order_by(select: exp.Select) -> str:
     return " ORDER BY " + ", ".join(keys)
 
 
+@functools.lru_cache(maxsize=1024)
 def page_and_count(sql: str, n_params: int, denied: bool) -> tuple[str, str]:
-    """The page query (LIMIT/OFFSET bound as $n+1/$n+2) and the count query."""
+    """The page query (LIMIT/OFFSET bound as $n+1/$n+2) and the count query; cached because the
+    narrowed statement is itself cached per shape, so the same text comes back request after
+    request."""
     tree = sqlglot.parse_one(sql, read=DIALECT)
     order = outer_order_by(tree) if isinstance(tree, exp.Select) else ""
     # a deny reads nothing on the outer queries either (RF-05)

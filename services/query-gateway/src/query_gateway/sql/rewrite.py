@@ -3,6 +3,8 @@ narrowed"), then proving it on a fresh parse of the result (verify.py) before an
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
 from sqlglot import exp
@@ -47,6 +49,15 @@ def _label(plan: Plan, dataset_id: str, column: str, count: int) -> str:
     return f"{base} ({count} value{'s' if count != 1 else ''})"
 
 
+# A narrowed statement depends on the text, the catalogue, whether it is a deny, and for each
+# dataset the (column, type) of each allow-list — never on the values, which are bound
+# parameters. So the rewrite and its verification run once per shape, not once per request.
+NarrowShape = tuple[tuple[str, tuple[tuple[str, str], ...]], ...]
+CACHE_SIZE = 1024
+_cache: OrderedDict[tuple[str, int, bool, NarrowShape], tuple[Catalogue, str]] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
 def narrow_query(
     q: ValidatedQuery,
     catalogue: Catalogue,
@@ -56,19 +67,16 @@ def narrow_query(
     """Every real table reference becomes `(SELECT * FROM schema.table AS _dp_rf WHERE <pred>)
     alias`. A deny — a `deny` plan, or an allow-list none of whose values converts — puts FALSE
     into every SELECT. Raises ServiceError("sql_refused") when anything cannot be proven."""
-    analysis = analyse(q.text, catalogue)
-    if analysis.validated.dataset_ids != q.dataset_ids:
-        raise ServiceError("sql_refused", "statement does not match its validation")
     entries = catalogue.by_id()
     params: list[object] = []
     labels: list[str] = []
-    conditions: dict[str, list[exp.Expr]] = {}
+    shape: list[tuple[str, tuple[tuple[str, str], ...]]] = []
     denied = False
     for ds_id in q.dataset_ids:
         if ds_id not in plans:
             raise ServiceError("sql_refused", f"no row policy was resolved for dataset {ds_id}")
         entry = entries[ds_id]
-        conditions[ds_id] = []
+        specs: list[tuple[str, str]] = []
         for plan in plans[ds_id]:
             if plan.kind == "all":
                 continue
@@ -84,13 +92,46 @@ def narrow_query(
                 continue
             params.append(values)
             labels.append(_label(plan, ds_id, plan.column, len(values)))
-            conditions[ds_id].append(_predicate(plan.column, pg_type, len(params)))
+            specs.append((plan.column, pg_type))
+        shape.append((ds_id, tuple(specs)))
     if denied:  # nothing is read, so nothing needs binding
         params, labels = [], []
-    preds: dict[str, exp.Expr] = {
-        ds_id: exp.false() if denied else (exp.and_(*conds) if conds else exp.true())
-        for ds_id, conds in conditions.items()
-    }
+    sql = _narrowed_sql(q, catalogue, denied, tuple(shape))
+    return NarrowedQuery(sql=sql, params=tuple(params), param_labels=tuple(labels), denied=denied)
+
+
+def _narrowed_sql(q: ValidatedQuery, catalogue: Catalogue, denied: bool, shape: NarrowShape) -> str:
+    key = (q.text, id(catalogue), denied, shape)
+    with _cache_lock:
+        hit = _cache.get(key)
+        # the entry holds the catalogue itself, so its id cannot be reused while the entry lives
+        if hit is not None and hit[0] is catalogue:
+            _cache.move_to_end(key)
+            return hit[1]
+    sql = _rewrite(q, catalogue, denied, shape)
+    with _cache_lock:
+        _cache[key] = (catalogue, sql)
+        while len(_cache) > CACHE_SIZE:
+            _cache.popitem(last=False)
+    return sql
+
+
+def _rewrite(q: ValidatedQuery, catalogue: Catalogue, denied: bool, shape: NarrowShape) -> str:
+    """Build the narrowed statement for one shape and prove it on a fresh parse."""
+    analysis = analyse(q.text, catalogue)
+    if analysis.validated.dataset_ids != q.dataset_ids:
+        raise ServiceError("sql_refused", "statement does not match its validation")
+    entries = catalogue.by_id()
+    n_params = 0
+    preds: dict[str, exp.Expr] = {}
+    for ds_id, specs in shape:
+        conds: list[exp.Expr] = []
+        for column, pg_type in specs:
+            n_params += 1
+            conds.append(_predicate(column, pg_type, n_params))
+        preds[ds_id] = exp.false() if denied else (exp.and_(*conds) if conds else exp.true())
+    if denied:
+        n_params = 0
 
     tree = analysis.tree.copy()
     if denied:
@@ -110,8 +151,8 @@ def narrow_query(
     for ds_id, pred in preds.items():
         key = physical_key(physical_table(entries[ds_id]))
         expected.setdefault(key, set()).add(pred.sql(dialect=DIALECT))
-    verify_narrowed(sql, expected, denied=denied, n_params=len(params))
-    return NarrowedQuery(sql=sql, params=tuple(params), param_labels=tuple(labels), denied=denied)
+    verify_narrowed(sql, expected, denied=denied, n_params=n_params)
+    return sql
 
 
 def _narrowed(table: exp.Table, entry: DatasetEntry, pred: exp.Expr) -> exp.Subquery:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import sqlglot
 from sqlglot import exp
 
@@ -10,6 +12,7 @@ from query_gateway.sql.scope import DIALECT
 WITHHELD = "<withheld: not parseable>"
 
 
+@functools.lru_cache(maxsize=1024)
 def sql_shape(text: str) -> str:
     """The statement with every literal as `?` and comments dropped; never a hash, never values."""
     try:
