@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import asyncpg
@@ -47,62 +48,85 @@ def docker_ok() -> bool:
     return _docker_ok()
 
 
-@pytest.fixture(scope="session")
-def postgres_url(infra_workdir: Path, docker_ok: bool) -> Iterator[str]:
-    """A PostgreSQL server URL (postgresql://…, asyncpg style, no driver suffix)."""
-    if url := os.environ.get("TEST_DATABASE_URL"):
-        SERVICE_MODES["postgres"] = "env"
+def _server(
+    kind: str,
+    env_var: str,
+    docker_ok: bool,
+    container: Callable[[], AbstractContextManager[str]],
+    embedded: Callable[[], infra.ServerProcess],
+) -> Iterator[str]:
+    """One server URL by the tiers above, recorded in SERVICE_MODES for the summary line."""
+    if url := os.environ.get(env_var):
+        SERVICE_MODES[kind] = "env"
         yield url
         return
     if docker_ok:
-        from testcontainers.postgres import PostgresContainer
-
-        with PostgresContainer("postgres:16-alpine", driver=None) as pg:
-            SERVICE_MODES["postgres"] = "testcontainers"
-            yield pg.get_connection_url()
+        with container() as url:
+            SERVICE_MODES[kind] = "testcontainers"
+            yield url
             return
-    srv = infra.start_postgres(infra_workdir / "pg")
-    SERVICE_MODES["postgres"] = "embedded"
+    srv = embedded()
+    SERVICE_MODES[kind] = "embedded"
     yield srv.url
     srv.stop()
+
+
+@contextmanager
+def _pg_container() -> Iterator[str]:
+    from testcontainers.postgres import PostgresContainer
+
+    with PostgresContainer("postgres:16-alpine", driver=None) as pg:
+        yield pg.get_connection_url()
+
+
+@contextmanager
+def _redis_container() -> Iterator[str]:
+    from testcontainers.redis import RedisContainer
+
+    with RedisContainer() as r:
+        yield f"redis://{r.get_container_host_ip()}:{r.get_exposed_port(6379)}/0"
+
+
+@contextmanager
+def _kafka_container() -> Iterator[str]:
+    from testcontainers.kafka import KafkaContainer
+
+    with KafkaContainer() as k:
+        yield k.get_bootstrap_server()
+
+
+@pytest.fixture(scope="session")
+def postgres_url(infra_workdir: Path, docker_ok: bool) -> Iterator[str]:
+    """A PostgreSQL server URL (postgresql://…, asyncpg style, no driver suffix)."""
+    yield from _server(
+        "postgres",
+        "TEST_DATABASE_URL",
+        docker_ok,
+        _pg_container,
+        lambda: infra.start_postgres(infra_workdir / "pg"),
+    )
 
 
 @pytest.fixture(scope="session")
 def redis_server_url(infra_workdir: Path, docker_ok: bool) -> Iterator[str]:
-    if url := os.environ.get("TEST_REDIS_URL"):
-        SERVICE_MODES["redis"] = "env"
-        yield url
-        return
-    if docker_ok:
-        from testcontainers.redis import RedisContainer
-
-        with RedisContainer() as r:
-            SERVICE_MODES["redis"] = "testcontainers"
-            yield f"redis://{r.get_container_host_ip()}:{r.get_exposed_port(6379)}/0"
-            return
-    srv = infra.start_redis(infra_workdir / "redis")
-    SERVICE_MODES["redis"] = "embedded"
-    yield srv.url
-    srv.stop()
+    yield from _server(
+        "redis",
+        "TEST_REDIS_URL",
+        docker_ok,
+        _redis_container,
+        lambda: infra.start_redis(infra_workdir / "redis"),
+    )
 
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap(infra_workdir: Path, docker_ok: bool) -> Iterator[str]:
-    if bs := os.environ.get("TEST_KAFKA_BOOTSTRAP"):
-        SERVICE_MODES["kafka"] = "env"
-        yield bs
-        return
-    if docker_ok:
-        from testcontainers.kafka import KafkaContainer
-
-        with KafkaContainer() as k:
-            SERVICE_MODES["kafka"] = "testcontainers"
-            yield k.get_bootstrap_server()
-            return
-    srv = infra.start_kafka(infra_workdir / "kafka")
-    SERVICE_MODES["kafka"] = "embedded"
-    yield srv.url
-    srv.stop()
+    yield from _server(
+        "kafka",
+        "TEST_KAFKA_BOOTSTRAP",
+        docker_ok,
+        _kafka_container,
+        lambda: infra.start_kafka(infra_workdir / "kafka"),
+    )
 
 
 @pytest.fixture

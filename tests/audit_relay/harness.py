@@ -28,6 +28,7 @@ from dataplane_local.doubles.ds_connector import DsConnectorDouble, create_app
 from dataplane_local.doubles.oidc import JWKS_PATH, OidcIssuer
 from dataplane_local.doubles.server import RunningServer, serve_in_thread
 from dataplane_local.infra import free_port
+from dataplane_local.procs import stop_process
 
 # murmur2 puts these two keys on different partitions of a 6-partition topic (tests assert it)
 PROVIDER_A = "did:web:provider-a.example"
@@ -137,14 +138,8 @@ class RelayProcess:
         self.proc.wait(10)
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
+        if self.proc is not None:
+            stop_process(self.proc)
 
 
 async def wait_for(cond: Callable[[], Any], timeout: float, what: str) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -21,6 +20,7 @@ from dataplane_contracts.events import PlanRequest, PlanResolved
 from dataplane_contracts.topics import PLAN_REPLIES, PLAN_REQUESTS, TopicSpec, topic_specs
 from dataplane_contracts.topics_cli import create_topics
 from dataplane_local.infra import free_port
+from dataplane_local.procs import stop_process
 
 PARTITIONS = 6
 
@@ -63,13 +63,7 @@ class ResolverProcess:
             return False
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc)
 
 
 def start_resolver(env: dict[str, str], workdir: Path, name: str) -> ResolverProcess:

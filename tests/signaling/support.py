@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 import uuid
@@ -26,6 +25,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
 from dataplane_contracts.topics import FLOW_EVENTS
+from dataplane_local.procs import stop_process
 from signaling.app import create_app
 from signaling.settings import Settings
 
@@ -211,13 +211,7 @@ class SignalingProcess:
         return self.log_path.read_text(errors="replace")
 
     def terminate(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc)
 
     def kill(self) -> None:
         """SIGKILL: no shutdown code runs (a crash)."""

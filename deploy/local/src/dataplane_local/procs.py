@@ -162,3 +162,15 @@ def stop_all(records: list[ProcRecord]) -> list[str]:
         if not stop_record(rec):
             left.append(f"{rec.name} (pid {rec.pid})")
     return left
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
+    """SIGTERM a child we started, give it `timeout` to shut down cleanly, then SIGKILL it."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
