@@ -262,6 +262,18 @@ def test_each_hook_job_can_be_switched_off(switch: dict[str, Any], left: set[str
     assert jobs == left
 
 
+def test_migrate_job_grants_the_configured_pull_grant_role() -> None:
+    """signaling-migrate grants the pull-grant view to DPS_PULL_GRANT_ROLE: the Job must carry the
+    same role as the service, or a custom role would be left without its grant."""
+    objs = render(dps={"pullGrantRole": "tenant_a_pull"})
+    (job,) = [o for o in objs if o["kind"] == "Job" and o["metadata"]["name"].endswith("-migrate")]
+    env = {e["name"]: e for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["DPS_PULL_GRANT_ROLE"] == {"name": "DPS_PULL_GRANT_ROLE", "value": "tenant_a_pull"}
+    assert set(env["DATABASE_URL"]["valueFrom"]["secretKeyRef"]) == {"name", "key"}
+    signaling = of_kind(objs, "Deployment")["signaling"]["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "DPS_PULL_GRANT_ROLE", "value": "tenant_a_pull"} in signaling["env"]
+
+
 def _containers(objs: list[Obj]) -> list[tuple[str, Obj]]:
     return [
         (f"{o['kind']}/{o['metadata']['name']}", c)
