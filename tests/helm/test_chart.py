@@ -434,6 +434,25 @@ def test_schema_rejects_a_secret_value_in_a_secret_reference() -> None:
     assert "hunter2" not in message
 
 
+@pytest.mark.parametrize("protocol", ["grpc", "http/json"])
+def test_schema_accepts_only_the_otlp_protocol_the_services_export(protocol: str) -> None:
+    """The services export with the OTLP/HTTP protobuf exporter only (and refuse to start on any
+    other OTEL_EXPORTER_OTLP_PROTOCOL): the chart must not accept a value that cannot work."""
+    with pytest.raises(chart.ChartError) as err:
+        render(otel={"endpoint": "http://collector:4318", "protocol": protocol})
+    assert "/otel/protocol" in str(err.value)
+
+
+def test_otel_endpoint_sets_the_supported_protocol(rendered: dict[str, list[Obj]]) -> None:
+    for dep in of_kind(rendered["everything-enabled"], "Deployment").values():
+        env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "http/protobuf"
+        assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector.observability:4318"
+    for dep in of_kind(rendered["default"], "Deployment").values():
+        names = {e["name"] for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert not names & {"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL"}
+
+
 def test_schema_is_closed_at_every_object_level() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
     open_objects: list[str] = []

@@ -1,10 +1,23 @@
 """OpenTelemetry set-up in one place: providers from the standard OTEL_* variables, auto
-instrumentation of the libraries the services use, and W3C trace context for Kafka headers."""
+instrumentation of the libraries the services use, and W3C trace context for Kafka headers.
+
+The standard variables honoured, and how:
+
+- `OTEL_SDK_DISABLED=true`: no tracer provider and no instrumentation at all.
+- `OTEL_TRACES_EXPORTER`: `otlp` exports (to the SDK's default endpoint if none is set), `none`
+  traces without exporting; unset, spans are exported only when an OTLP endpoint is set.
+- `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`, else `OTEL_EXPORTER_OTLP_PROTOCOL`: only `http/protobuf`,
+  the one exporter installed. Any other value (or exporter) stops the service at start-up with
+  exit 2 naming the variable, as a wrong setting does: it must not silently send another protocol.
+- `OTEL_EXPORTER_OTLP_*ENDPOINT`, `_HEADERS`, `_TIMEOUT`, `OTEL_SERVICE_NAME`,
+  `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER`, `OTEL_BSP_*`: read by the SDK itself."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from fastapi import FastAPI
 from opentelemetry import propagate, trace
@@ -12,18 +25,82 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+from dataplane_service_kit.settings import ConfigurationError
+
+SUPPORTED_PROTOCOL = "http/protobuf"
+SUPPORTED_EXPORTERS = ("otlp", "none")
+
 _configured = False
 
 
-def setup_telemetry(service_name: str) -> None:
-    """Install a tracer provider once per process; export over OTLP only when an endpoint is set."""
+@dataclass(frozen=True)
+class TracingPlan:
+    """What the environment asks for: a tracer provider (and instrumentation) at all; an exporter."""
+
+    enabled: bool
+    export: bool
+
+
+class UnsupportedTelemetry(ValueError):
+    """An OTEL_* variable names something this service cannot do; the message names the variable."""
+
+
+def _get(environ: Mapping[str, str], name: str) -> str:
+    # the specification treats an empty value as unset
+    return environ.get(name, "").strip()
+
+
+def sdk_disabled(environ: Mapping[str, str]) -> bool:
+    return _get(environ, "OTEL_SDK_DISABLED").lower() == "true"
+
+
+def tracing_plan(environ: Mapping[str, str]) -> TracingPlan:
+    """Decide from the standard variables; UnsupportedTelemetry for a value we cannot honour."""
+    if sdk_disabled(environ):
+        return TracingPlan(enabled=False, export=False)
+    exporter = _get(environ, "OTEL_TRACES_EXPORTER").lower()
+    if exporter and exporter not in SUPPORTED_EXPORTERS:
+        raise UnsupportedTelemetry(
+            f"OTEL_TRACES_EXPORTER: {exporter!r} is not supported; "
+            f"use one of {', '.join(SUPPORTED_EXPORTERS)}"
+        )
+    if exporter == "none":
+        return TracingPlan(enabled=True, export=False)
+    # the signal-specific variable wins over the general one, as in the specification
+    for name in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+        protocol = _get(environ, name)
+        if protocol:
+            if protocol != SUPPORTED_PROTOCOL:
+                raise UnsupportedTelemetry(
+                    f"{name}: {protocol!r} is not supported; spans are exported over OTLP/HTTP "
+                    f"with {SUPPORTED_PROTOCOL} only"
+                )
+            break
+    endpoint = bool(
+        _get(environ, "OTEL_EXPORTER_OTLP_ENDPOINT") or _get(environ, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    )
+    # unset exporter: no endpoint means nobody to send to (local runs), so no failing exports
+    return TracingPlan(enabled=True, export=exporter == "otlp" or endpoint)
+
+
+def setup_telemetry(service_name: str, environ: Mapping[str, str] | None = None) -> None:
+    """Install a tracer provider once per process as the OTEL_* variables say (module docstring);
+    exit 2 naming the variable when one of them asks for something unsupported."""
     global _configured  # noqa: PLW0603 - the provider is process-wide by nature
     if _configured:
         return
+    env = os.environ if environ is None else environ
+    try:
+        plan = tracing_plan(env)
+    except UnsupportedTelemetry as exc:
+        print(f"invalid configuration: {exc}", file=sys.stderr)
+        raise ConfigurationError(2) from None
     _configured = True
-    resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service_name)})
+    if not plan.enabled:
+        return
+    resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME") or service_name})
     provider = TracerProvider(resource=resource)
-    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+    if plan.export:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
@@ -45,7 +122,10 @@ def _instrument_libraries() -> None:
 
 
 def instrument_app(app: FastAPI) -> None:
-    """Server spans for every HTTP request except the probes and the scrape."""
+    """Server spans for every HTTP request except the probes and the scrape; nothing when the
+    SDK is disabled (no tracing at all, not even no-op middleware)."""
+    if sdk_disabled(os.environ):
+        return
     from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
     FastAPIInstrumentor.instrument_app(app, excluded_urls="healthz,readyz,metrics")
