@@ -13,13 +13,18 @@ class ContractModel(BaseModel):
     """Unknown fields forbidden, immutable. Not model-wide strict: FastAPI/FastStream validate
     decoded JSON in Python mode, where UUIDs and datetimes arrive as strings."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # hide_input_in_errors (both bases): a ValidationError's text (str, repr, a log line quoting
+    # it) must never echo the input, which is as likely as not a principal, a key, a token or a
+    # whole message carrying them (RF-07, RF-08); `errors()` still names the field and the rule.
+    # pydantic takes the setting of the outermost model, so it holds for a contracts model
+    # validated on its own; a model outside the library that embeds one decides for itself.
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
 
 class TolerantModel(BaseModel):
     """A tolerant reader (RF-02's envelope, DPS-03's messages): unknown fields are ignored."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True, hide_input_in_errors=True)
 
 
 def _now() -> datetime:

@@ -87,7 +87,9 @@ def _local_name(name: str) -> str:
 class EndpointProperty(TolerantModel):
     type_: StrictStr = Field(default="EndpointProperty", alias="@type")
     name: StrictStr
-    value: Any = None  # a string in the DSP schema, but EDC/TCK addresses carry numbers (expiresIn)
+    # a string in the DSP schema, but EDC/TCK addresses carry numbers (expiresIn). Left out of the
+    # repr: the `authorization` property is the pull token itself (DPS-13)
+    value: Any = Field(default=None, repr=False)
 
 
 class DataAddress(TolerantModel):
@@ -155,7 +157,8 @@ class DataFlowMessage(TolerantModel):
     transfer_type: NonEmptyStr = Field(validation_alias=AliasChoices("transferType", "profile"))
     dataspace_context: StrictStr | None = Field(default=None, alias="dataspaceContext")
     callback_address: StrictStr | None = Field(default=None, alias="callbackAddress")
-    claims: dict[str, Any] = Field(default_factory=dict)
+    # the control plane's claims about the counter-party may carry credentials: not in the repr
+    claims: dict[str, Any] = Field(default_factory=dict, repr=False)
     labels: list[StrictStr] = Field(default_factory=list)
     metadata: dict[str, Any] = Field(default_factory=dict)
 
@@ -242,7 +245,7 @@ class PullTokenClaims(ContractModel):
 
     `aud` may arrive as a one-element list (RFC 7519 allows both); anything else is refused."""
 
-    jti: NonEmptyStr
+    jti: NonEmptyStr = Field(repr=False)  # the token's id: kept out of logs like the token (DPS-13)
     iss: NonEmptyStr
     sub: NonEmptyStr
     aud: NonEmptyStr

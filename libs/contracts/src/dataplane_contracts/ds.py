@@ -36,8 +36,10 @@ class DataplaneRowFilter(ContractModel):
 
     handler: Annotated[StrictStr, Field(min_length=1)]
     args: dict[str, Any] = Field(default_factory=dict)
-    principals: list[StrictStr] = Field(default_factory=list)
-    keys: list[StrictStr] = Field(default_factory=list)
+    # repr=False as well as the __repr__ below: pydantic's other renderings (rich, devtools) read
+    # the field list, not __repr__
+    principals: list[StrictStr] = Field(default_factory=list, repr=False)
+    keys: list[StrictStr] = Field(default_factory=list, repr=False)
     subject_dids: list[Did] = Field(default_factory=list)
 
     def __repr__(self) -> str:
@@ -86,7 +88,9 @@ class DatasetVerdict(TolerantModel):
     dataset_id: StrictStr
     decision: StrictStr | None = None
     reason: StrictStr | None = None
-    row_filter: Any = None  # raw: parsed strictly only for touched datasets (RF-02)
+    # raw: parsed strictly only for touched datasets (RF-02). Unparsed, it has no redacting repr
+    # of its own, and it carries principals and keys: it is left out of this model's repr (RF-08).
+    row_filter: Any = Field(default=None, repr=False)
     organizations: Organizations | None = None
 
     def parse_row_filter(self) -> DataplaneRowFilter | None:

@@ -29,7 +29,7 @@ class PlanMeta(ContractModel):
 class Plan(ContractModel):
     kind: Literal["all", "deny", "in"]
     column: StrictStr | None = None
-    values: tuple[PlanValue, ...] = ()
+    values: tuple[PlanValue, ...] = Field(default=(), repr=False)  # keys in clear (RF-08)
     meta: PlanMeta = Field(default_factory=PlanMeta)
 
     @model_validator(mode="after")
@@ -79,11 +79,13 @@ class PlanKeyInputs(ContractModel):
 
     handler: StrictStr
     table: StrictStr
-    caller: StrictStr | None  # the caller's subject; None for a delegated (dataspace) request
-    principals: tuple[StrictStr, ...] | None  # None (self-service) and () (delegated, nobody) differ
-    keys: tuple[StrictStr, ...] = ()
-    organizations: tuple[Organization, ...] = ()
-    args: Mapping[str, Any] = Field(default_factory=dict)
+    # every input but handler and table is kept out of pydantic's renderings (RF-07)
+    caller: StrictStr | None = Field(repr=False)  # the caller's subject; None when delegated (dataspace)
+    # None (self-service) and () (delegated, nobody) differ
+    principals: tuple[StrictStr, ...] | None = Field(repr=False)
+    keys: tuple[StrictStr, ...] = Field(default=(), repr=False)
+    organizations: tuple[Organization, ...] = Field(default=(), repr=False)
+    args: Mapping[str, Any] = Field(default_factory=dict, repr=False)
 
     def __repr__(self) -> str:
         return f"PlanKeyInputs(handler={self.handler!r}, table={self.table!r}, <hidden>)"
@@ -136,13 +138,14 @@ ONE_SHOT_TTL_SECONDS = 30  # how long a one-shot plan waits for its reader
 
 
 class CallerIdentity(ContractModel):
-    sub: StrictStr | None = None
-    username: StrictStr | None = None
-    email: StrictStr | None = None
+    # identity and token kept out of pydantic's renderings too, not only out of __repr__
+    sub: StrictStr | None = Field(default=None, repr=False)
+    username: StrictStr | None = Field(default=None, repr=False)
+    email: StrictStr | None = Field(default=None, repr=False)
     service_account: StrictBool = False
-    token: StrictStr | None = None
+    token: StrictStr | None = Field(default=None, repr=False)
     token_exp: StrictInt | None = None  # epoch seconds; bounds the plan TTL on the normal path
-    organizations: tuple[Organization, ...] = ()
+    organizations: tuple[Organization, ...] = Field(default=(), repr=False)
 
     def __repr__(self) -> str:
         return f"CallerIdentity(service_account={self.service_account}, <hidden>)"
@@ -157,12 +160,13 @@ class ClaimCheck(ContractModel):
     args: dict[str, Any] = Field(default_factory=dict)
     table: StrictStr
     binds: Literal["person", "organization"] = "person"
-    caller: CallerIdentity | None = None
-    principals: tuple[StrictStr, ...] | None = None
-    keys: tuple[StrictStr, ...] = ()
-    organizations: tuple[Organization, ...] = ()
+    # the request's personal inputs are kept out of pydantic's renderings too (RF-07, RF-08)
+    caller: CallerIdentity | None = Field(default=None, repr=False)
+    principals: tuple[StrictStr, ...] | None = Field(default=None, repr=False)
+    keys: tuple[StrictStr, ...] = Field(default=(), repr=False)
+    organizations: tuple[Organization, ...] = Field(default=(), repr=False)
     ds_cache_ttl: StrictInt | None = None  # dataspace path: ds's cache.ttl_seconds
-    request_context: dict[str, StrictStr] = Field(default_factory=dict)
+    request_context: dict[str, StrictStr] = Field(default_factory=dict, repr=False)
 
     def __repr__(self) -> str:
         return f"ClaimCheck(handler={self.handler!r}, table={self.table!r}, <hidden>)"

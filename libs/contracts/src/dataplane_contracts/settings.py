@@ -9,7 +9,8 @@ from typing import Any
 from pydantic import AnyHttpUrl, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-BASE_CONFIG = SettingsConfigDict(extra="ignore", frozen=True, case_sensitive=False)
+# hide_input_in_errors: a refused variable may be a secret; its value never reaches an error text
+BASE_CONFIG = SettingsConfigDict(extra="ignore", frozen=True, case_sensitive=False, hide_input_in_errors=True)
 
 
 class HttpSettings(BaseSettings):
