@@ -2,7 +2,9 @@
 """A differential oracle for the rewrite, independent of its own verifier: every generated
 statement runs through validate → narrow → execute on database A (all rows) and, verbatim, on
 database B holding only the permitted rows under the dataset ids' own names; the answers must be
-the same multiset. A deny must answer nothing."""
+the same multiset. What B holds and which requests are denies is derived from the raw allow-lists
+alone (the model below), never from the gateway's own conversion: a touched dataset whose
+allow-list keeps no value of its column's type is a deny, and a deny must answer nothing."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 
 import asyncpg
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from sqlgw_support import CATALOGUE, METERS, ORGS, PODS, READINGS, SITE_UUIDS, SITES, Db
 
@@ -47,35 +49,100 @@ async def db_b(postgres_url: str) -> AsyncIterator[asyncpg.Connection]:
     await admin.close()
 
 
+# The oracle's own reading of an allow-list value as its column's type, as canonical text: None
+# when no row can ever hold it (not a uuid; a NUL, which PostgreSQL text cannot store).
+def _as_column_value(value: str, column_type: str) -> str | None:
+    if "\x00" in value:
+        return None
+    if column_type == "uuid":
+        try:
+            return str(uuid.UUID(value))
+        except ValueError:
+            return None
+    return value
+
+
+@dataclass(frozen=True)
+class Table:
+    columns: tuple[str, ...]
+    types: dict[str, str]  # the filter columns' types
+    rows: list[tuple[object, ...]]
+
+
+TABLES = {
+    "readings": Table(("id", "pod", "value", "org"), {"pod": "text", "org": "text"}, list(READINGS)),
+    "grid.meters": Table(("pod", "kind", "org"), {"pod": "text"}, list(METERS)),
+    "ops.sites": Table(("site_id", "site_uuid", "pod", "name"), {"site_uuid": "uuid"}, list(SITES)),
+}
+
+
 @dataclass(frozen=True)
 class Permit:
-    pods: frozenset[str]
-    orgs: frozenset[str]
-    sites: frozenset[str] | None  # None: the sites dataset is not narrowed
+    """The allow-lists of one request, as raw values. What a correct rewrite must answer is
+    derived from these alone: a dataset whose allow-list keeps no value of its column's type is
+    a deny (the whole statement answers nothing); otherwise it contributes exactly the rows whose
+    columns hold one of the kept values."""
 
-    def plans(self) -> dict[str, list[Plan]]:
-        site_plan = (
-            []
-            if self.sites is None
-            # a malformed value rides along: it must be dropped, never match, never fail the query
-            else [Plan.among("site_uuid", [*sorted(self.sites), "not-a-uuid"])]
-        )
+    pods: tuple[str, ...]
+    orgs: tuple[str, ...]
+    sites: tuple[str, ...] | None  # None: the sites dataset is not narrowed
+
+    def allow_lists(self) -> dict[str, list[tuple[str, tuple[str, ...]]]]:
         return {
-            "readings": [Plan.among("pod", sorted(self.pods)), Plan.among("org", sorted(self.orgs))],
-            "grid.meters": [Plan.among("pod", sorted(self.pods))],
-            "ops.sites": site_plan,
+            "readings": [("pod", self.pods), ("org", self.orgs)],
+            "grid.meters": [("pod", self.pods)],
+            "ops.sites": [] if self.sites is None else [("site_uuid", self.sites)],
         }
 
+    def plans(self) -> dict[str, list[Plan]]:
+        # Plan.among of nothing is already a deny plan; of only malformed values an `in` plan the
+        # gateway must turn into a deny itself
+        return {
+            ds: [Plan.among(column, list(values)) for column, values in lists]
+            for ds, lists in self.allow_lists().items()
+        }
+
+    def kept(self, dataset_id: str) -> dict[str, frozenset[str]] | None:
+        """Column → the values a permitted row may hold; None when the dataset is denied."""
+        table = TABLES[dataset_id]
+        out: dict[str, frozenset[str]] = {}
+        for column, values in self.allow_lists()[dataset_id]:
+            kept = {c for v in values if (c := _as_column_value(v, table.types[column])) is not None}
+            if not kept:
+                return None
+            out[column] = frozenset(kept)
+        return out
+
+    def permitted_rows(self, dataset_id: str) -> list[tuple[object, ...]]:
+        kept = self.kept(dataset_id)
+        if kept is None:
+            return []
+        table = TABLES[dataset_id]
+        return [
+            row
+            for row in table.rows
+            if all(str(row[table.columns.index(c)]) in values for c, values in kept.items())
+        ]
+
     def denies(self, dataset_ids: tuple[str, ...]) -> bool:
-        empty = {"readings": not self.pods or not self.orgs, "grid.meters": not self.pods, "ops.sites": False}
-        return any(empty[d] for d in dataset_ids)
+        return any(self.kept(d) is None for d in dataset_ids)
 
 
+def _spellings(u: str) -> list[str]:
+    # every spelling converts to the same uuid, so each must match its row
+    return [u, u.upper(), "{" + u + "}", u.replace("-", "")]
+
+
+site_values = (
+    st.sampled_from(SITE_UUIDS).flatmap(lambda u: st.sampled_from(_spellings(u)))
+    # malformed values ride along: dropped, never matching, never failing the query
+    | st.sampled_from(["not-a-uuid", "42", "", SITE_UUIDS[0][:-1]])
+)
 permits = st.builds(
     Permit,
-    pods=st.frozensets(st.sampled_from(PODS), max_size=4),
-    orgs=st.frozensets(st.sampled_from(ORGS), min_size=1, max_size=2) | st.just(frozenset()),
-    sites=st.none() | st.frozensets(st.sampled_from(SITE_UUIDS), max_size=4),
+    pods=st.lists(st.sampled_from((*PODS, "pod-5", "pod-1\x00")), max_size=4).map(tuple),
+    orgs=st.lists(st.sampled_from(ORGS), min_size=1, max_size=2).map(tuple) | st.just(()),
+    sites=st.none() | st.lists(site_values, max_size=5).map(tuple),
 )
 
 FORGED_PODS = (*PODS, "pod-5")
@@ -125,15 +192,13 @@ def _multiset(rows: list[tuple[object, ...]]) -> list[tuple[object, ...]]:
 async def _load_permitted(conn: asyncpg.Connection, permit: Permit) -> None:
     await conn.execute("TRUNCATE public.readings, grid.meters, ops.sites")
     await conn.executemany(
-        "INSERT INTO public.readings VALUES ($1, $2, $3, $4)",
-        [r for r in READINGS if r[1] in permit.pods and r[3] in permit.orgs],
+        "INSERT INTO public.readings VALUES ($1, $2, $3, $4)", permit.permitted_rows("readings")
     )
     await conn.executemany(
-        "INSERT INTO grid.meters VALUES ($1, $2, $3)", [m for m in METERS if m[0] in permit.pods]
+        "INSERT INTO grid.meters VALUES ($1, $2, $3)", permit.permitted_rows("grid.meters")
     )
     await conn.executemany(
-        "INSERT INTO ops.sites VALUES ($1, $2::uuid, $3, $4)",
-        [s for s in SITES if permit.sites is None or s[1] in permit.sites],
+        "INSERT INTO ops.sites VALUES ($1, $2::uuid, $3, $4)", permit.permitted_rows("ops.sites")
     )
 
 
@@ -144,6 +209,20 @@ async def _load_permitted(conn: asyncpg.Connection, permit: Permit) -> None:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(sql=statements(), permit=permits)
+# no value of the sites allow-list converts: a deny, so not even the count of a cross join
+@example(
+    sql="SELECT count(*) AS n FROM ops.sites s CROSS JOIN grid.meters m",
+    permit=Permit(pods=("pod-1",), orgs=("org-a",), sites=("not-a-uuid",)),
+)
+@example(
+    sql="SELECT count(*) AS n FROM ops.sites s CROSS JOIN grid.meters m",
+    permit=Permit(pods=("pod-1",), orgs=("org-a",), sites=()),
+)
+# other spellings of a permitted uuid match its row; a malformed neighbour is dropped
+@example(
+    sql="SELECT s.name, s.site_uuid FROM ops.sites s WHERE s.site_uuid = '5b7e7f5c-1111-4a4a-9b9b-000000000001' OR s.pod = 'pod-2'",
+    permit=Permit(pods=(), orgs=(), sites=(SITE_UUIDS[0].upper(), "{" + SITE_UUIDS[1] + "}", "42")),
+)
 async def test_rewrite_matches_a_database_holding_only_permitted_rows(
     db: Db, db_b: asyncpg.Connection, sql: str, permit: Permit
 ) -> None:
@@ -151,7 +230,8 @@ async def test_rewrite_matches_a_database_holding_only_permitted_rows(
     page = await db.query(sql, permit.plans())
     got = _multiset([tuple(item.values()) for item in page.items])
     if permit.denies(validated.dataset_ids):
-        assert got == [] and page.total == 0
+        # ARCHITECTURE: a deny puts FALSE into every SELECT, the outer page and count included
+        assert (got, page.total) == ([], 0), sql
         return
     await _load_permitted(db_b, permit)
     direct = await db_b.fetch(sql)
