@@ -118,31 +118,46 @@ def test_dataset_ids_sorted_unique_and_dotted_ids_resolve() -> None:
 def test_unknown_dataset_lists_every_unknown_reference() -> None:
     with pytest.raises(ServiceError) as err:
         validate_query("SELECT * FROM readings JOIN nope ON TRUE JOIN other.thing ON TRUE", CATALOGUE)
-    assert err.value.code == "unknown_dataset"
+    assert (err.value.status_code, err.value.code) == (400, "unknown_dataset")
     assert "['nope', 'other.thing']" in err.value.detail
 
 
 def test_physical_table_name_is_not_a_dataset_reference() -> None:
     with pytest.raises(ServiceError) as err:
         validate_query("SELECT * FROM public.meters", CATALOGUE)
-    assert err.value.code == "unknown_dataset"
+    assert (err.value.status_code, err.value.code) == (400, "unknown_dataset")
 
 
-def test_one_dot_suffix_resolves_and_ambiguity_is_refused() -> None:
-    catalogue = Catalogue.model_validate(
-        {
-            "datasets": [
-                {"id": "a.energy.meters", "table": "meters"},
-                {"id": "b.energy.meters", "table": "meters"},
-                {"id": "a.energy.sites", "table": "sites"},
-            ]
-        }
-    )
-    assert validate_query("SELECT * FROM energy.sites", catalogue).dataset_ids == ("a.energy.sites",)
+SUFFIXED = Catalogue.model_validate(
+    {
+        "datasets": [
+            {"id": "a.energy.meters", "table": "meters"},
+            {"id": "b.energy.meters", "table": "meters"},
+            {"id": "a.energy.sites", "table": "sites"},
+        ]
+    }
+)
+
+
+def test_one_dot_reference_resolves_to_the_one_id_ending_in_it() -> None:
+    assert validate_query("SELECT * FROM energy.sites", SUFFIXED).dataset_ids == ("a.energy.sites",)
+    assert validate_query("SELECT * FROM a.energy.meters", SUFFIXED).dataset_ids == ("a.energy.meters",)
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT * FROM energy.meters",
+        "SELECT * FROM a.energy.sites s JOIN ENERGY.METERS m ON TRUE",
+        'WITH x AS (SELECT * FROM "energy"."meters") SELECT * FROM x',
+    ],
+)
+def test_ambiguous_dataset_reference_is_400_ambiguous_dataset(sql: str) -> None:
     with pytest.raises(ServiceError) as err:
-        validate_query("SELECT * FROM energy.meters", catalogue)
-    assert err.value.code == "ambiguous_dataset"
-    assert validate_query("SELECT * FROM a.energy.meters", catalogue).dataset_ids == ("a.energy.meters",)
+        validate_query(sql, SUFFIXED)
+    # ARCHITECTURE error table: unknown / ambiguous dataset reference → 400
+    assert (err.value.status_code, err.value.code) == (400, "ambiguous_dataset")
+    assert "energy.meters" in err.value.detail.lower() and "full dataset id" in err.value.detail
 
 
 def test_qe05_cte_shadows_a_dataset_only_in_its_scope() -> None:
