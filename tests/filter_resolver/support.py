@@ -3,6 +3,7 @@ small HTTP double for `http_in_list` endpoints."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 import uuid
@@ -121,6 +122,7 @@ class Seen:
     query: dict[str, str]
     headers: dict[str, str]
     body: bytes
+    query_items: list[tuple[str, str]] = field(default_factory=list)  # repeated names kept
 
 
 @dataclass
@@ -158,6 +160,7 @@ class ListEndpoint:
                         dict(request.query_params),
                         {k.lower(): v for k, v in request.headers.items()},
                         body,
+                        list(request.query_params.multi_items()),
                     )
                 )
                 status, payload = self.queue.pop(0) if self.queue else self.default
@@ -180,3 +183,65 @@ async def eventually(check: Any, timeout: float = 10.0, interval: float = 0.02) 
             break
         await asyncio.sleep(interval)
     return bool(await check())
+
+
+# ---- a bare TCP listener: counts connection attempts where an HTTP double never sees a request --
+
+
+class TcpDouble:
+    """A real loopback listener that never answers HTTP: `close` hangs up on every connection
+    (the client sees the server disconnect), `hold` keeps each one open without a byte back
+    (the client's read timeout runs out). `connections` counts what the kernel accepted, so an
+    attempt is counted even when it fails before any HTTP request could be read."""
+
+    def __init__(self, mode: str) -> None:
+        assert mode in ("close", "hold")
+        self.mode = mode
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(16)
+        self._sock.settimeout(0.1)  # so the accept loop sees stop() without a connection
+        self.port: int = self._sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._held: list[Any] = []
+        self._count = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name=f"tcp-double-{self.port}", daemon=True)
+        self._thread.start()
+
+    @property
+    def connections(self) -> int:
+        with self._lock:
+            return self._count
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with self._lock:
+                self._count += 1
+            if self.mode == "close":
+                conn.close()
+            else:
+                self._held.append(conn)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        for conn in self._held:
+            conn.close()
+        self._sock.close()
+
+
+def refused_port() -> tuple[Any, int]:
+    """A loopback port with no listener that stays reserved while the returned socket is open:
+    a connection to it is refused by the kernel (nothing can count it but the client)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))  # bound, never listening: connect() gets ECONNREFUSED
+    port: int = sock.getsockname()[1]
+    return sock, port

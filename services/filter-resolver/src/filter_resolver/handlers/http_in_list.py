@@ -4,10 +4,17 @@ args: `column`, `url`; `method` (GET|POST), `headers`, `params`, `json`, `respon
 `timeout_seconds` (5), `max_items` (2000), `empty_means_deny` (true), `forward_token` (false).
 Every string in url, headers, params and json may name `{sub}`, `{username}`, `{email}` and
 `{token}`. A delegated request is refused: the endpoint answers for the caller, not for the
-subjects a dataspace decision names."""
+subjects a dataspace decision names.
+
+An argument that cannot make an HTTP request — a header that is not a string, a parameter that is
+not a scalar, a URL that is not http(s) — is a filter that cannot be applied as declared
+(`row_filter_invalid`), found before anything is sent. It must never reach the HTTP client and
+surface there as a failed call: that would read as an outage (`row_filter_unavailable`) and be
+retried, though no attempt can ever succeed."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -35,18 +42,8 @@ class HttpInListHandler:
         refuse_delegation(NAME, claim)
         args = claim.args
         column = required_str(NAME, args, "column")
-        request = _Request.from_args(args, person_caller(NAME, claim))
-        try:
-            response = await self._http.request(
-                request.method,
-                request.url,
-                headers=request.headers,
-                params=request.params,
-                json=request.body if request.method == "POST" else None,
-                timeout=request.timeout,
-            )
-        except (httpx.InvalidURL, httpx.UnsupportedProtocol):
-            raise invalid(f"{NAME}: argument 'url' is not a usable URL") from None
+        request = _Request(args, person_caller(NAME, claim))
+        response = await self._http.send(request.build(self._http))
         if response.status_code >= 500:
             log.warning("http_in_list_failed", status=response.status_code)
             raise TransientUpstream(f"endpoint answered {response.status_code}")
@@ -61,6 +58,8 @@ class HttpInListHandler:
 
 
 class _Request:
+    """The args, checked and filled: every value has the type the HTTP request needs."""
+
     def __init__(self, args: Mapping[str, Any], caller: CallerIdentity) -> None:
         self.fill = _Filler(caller)
         method = args.get("method", "GET")
@@ -68,26 +67,39 @@ class _Request:
             raise invalid(f"{NAME}: argument 'method' must be GET or POST")
         self.method = method.upper()
         self.url = self.fill(required_str(NAME, args, "url"))
-        self.headers = {str(k): self.fill(v) for k, v in _mapping(args, "headers").items()}
-        self.params = {str(k): self.fill(v) for k, v in _mapping(args, "params").items()}
+        self.headers = _headers(args, self.fill)
+        self.params = _params(args, self.fill)
         self.body = self.fill(args.get("json"))
         path = args.get("response_path", "$")
         if not isinstance(path, str):
             raise invalid(f"{NAME}: argument 'response_path' must be a string")
         self.response_path = path
-        self.timeout = _number(args, "timeout_seconds", 5.0)
-        self.max_items = int(_number(args, "max_items", 2000))
-        if self.max_items < 1 or self.timeout <= 0:
-            raise invalid(f"{NAME}: 'max_items' and 'timeout_seconds' must be positive")
+        self.timeout = _positive_number(args, "timeout_seconds", 5.0)
+        self.max_items = _positive_int(args, "max_items", 2000)
         self.empty_means_deny = _flag(args, "empty_means_deny", True)
         if _flag(args, "forward_token", False):
             if not caller.token:
                 raise invalid(f"{NAME}: forward_token is set but the request carries no token")
             self.headers["authorization"] = f"Bearer {caller.token}"
 
-    @classmethod
-    def from_args(cls, args: Mapping[str, Any], caller: CallerIdentity) -> _Request:
-        return cls(args, caller)
+    def build(self, http: httpx.AsyncClient) -> httpx.Request:
+        """The request, or `row_filter_invalid` when the URL cannot be one. Each check above
+        already refused what httpx would reject; the except clause is the last line for a value
+        httpx still cannot encode, so it is never mistaken for an unreachable endpoint."""
+        try:
+            request = http.build_request(
+                self.method,
+                self.url,
+                headers=self.headers,
+                params=self.params,
+                json=self.body if self.method == "POST" else None,
+                timeout=self.timeout,
+            )
+        except (httpx.InvalidURL, TypeError, ValueError):
+            raise invalid(f"{NAME}: the arguments do not make a valid HTTP request") from None
+        if request.url.scheme not in ("http", "https") or not request.url.host:
+            raise invalid(f"{NAME}: argument 'url' is not a usable http(s) URL")
+        return request
 
 
 class _Filler:
@@ -119,18 +131,68 @@ class _Filler:
         return value
 
 
+# RFC 9110 token characters: anything else in a header name is rejected by the HTTP library
+# only when sending, as a protocol error that would be retried like a broken connection
+_HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+_SCALAR = str | int | float  # bool is an int: a query parameter may be true/false
+
+
 def _mapping(args: Mapping[str, Any], name: str) -> dict[str, Any]:
-    value = args.get(name) or {}
-    if not isinstance(value, dict) or not all(isinstance(v, str | int | float) for v in value.values()):
-        raise invalid(f"{NAME}: argument '{name}' must be a mapping of scalars")
+    value = args.get(name)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise invalid(f"{NAME}: argument '{name}' must be a mapping")
     return value
 
 
-def _number(args: Mapping[str, Any], name: str, default: float) -> float:
+def _headers(args: Mapping[str, Any], fill: _Filler) -> dict[str, str]:
+    """Header values are strings (a number is not silently turned into one: the reference formats
+    strings only), printable ASCII after the placeholders are filled — a line break would
+    inject a header, a non-ASCII value has no encoding httpx will send."""
+    out: dict[str, str] = {}
+    for key, raw in _mapping(args, "headers").items():
+        if not isinstance(key, str) or not _HEADER_NAME.match(key):
+            raise invalid(f"{NAME}: argument 'headers' has a name that is not a valid header name")
+        if not isinstance(raw, str):
+            raise invalid(f"{NAME}: argument 'headers' must map names to strings")
+        value = fill(raw)
+        # the value may now hold the caller's identity: the detail never quotes it (RF-08)
+        if not (value.isascii() and value.isprintable()):
+            raise invalid(f"{NAME}: a header value is not printable ASCII once filled")
+        out[key] = value
+    return out
+
+
+def _params(args: Mapping[str, Any], fill: _Filler) -> dict[str, Any]:
+    """A query parameter is a scalar or a list of scalars (a repeated parameter); a mapping or a
+    null has no single rendering in a query string, so it is refused rather than guessed."""
+    out: dict[str, Any] = {}
+    for key, raw in _mapping(args, "params").items():
+        items = raw if isinstance(raw, list) else [raw]
+        if not isinstance(key, str) or not all(isinstance(v, _SCALAR) for v in items):
+            raise invalid(f"{NAME}: argument 'params' must map names to scalars or lists of scalars")
+        out[key] = fill(raw)
+    return out
+
+
+def _positive_number(args: Mapping[str, Any], name: str, default: float) -> float:
     value = args.get(name, default)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise invalid(f"{NAME}: argument '{name}' must be a number")
+    if not (math.isfinite(value) and value > 0):
+        raise invalid(f"{NAME}: argument '{name}' must be a positive number")
     return float(value)
+
+
+def _positive_int(args: Mapping[str, Any], name: str, default: int) -> int:
+    # a fraction of an item has no meaning: 2.5 is refused, not rounded
+    value = args.get(name, default)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise invalid(f"{NAME}: argument '{name}' must be a positive whole number")
+    return value
 
 
 def _flag(args: Mapping[str, Any], name: str, default: bool) -> bool:
