@@ -1,8 +1,10 @@
 """Readiness: the relay is ready once it consumes, and unready once the broker has been unreachable
-for longer than AUDIT_RELAY_UNREADY_GRACE_S (ds's side is proven in test_outage/test_credentials)."""
+for longer than AUDIT_RELAY_UNREADY_GRACE_S (ds's side is proven in test_outage/test_credentials);
+a connector's failure stops counting once this replica holds no more work for that connector."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import tempfile
@@ -11,6 +13,8 @@ import uuid
 from pathlib import Path
 
 import audit_relay_harness as h
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from audit_relay.health import Health
 from dataplane_local import infra
@@ -61,3 +65,66 @@ def test_ds_failures_count_only_after_the_grace_and_a_refused_credential_at_once
     assert not strict.ds_ready() and not strict.broker_ready()
     strict.ds_answered("http://ds-b", accepted=False)  # a 4xx: reachable, though refusing
     assert strict.ds_ready()
+
+
+def test_a_forgotten_connector_no_longer_counts_for_readiness() -> None:
+    health = Health(grace_s=0)
+    health.consuming = True
+    health.ds_failing("http://ds-a")
+    health.ds_auth_refused("http://ds-b")
+    time.sleep(0.01)
+    assert not health.ds_ready() and not health.ds_auth_ready()
+    health.forget("http://ds-a")
+    health.forget("http://ds-b")
+    assert health.ds_ready() and health.ds_auth_ready()
+
+
+# The other replica's member id sorts before the relay's ("aiokafka-…"), so both of aiokafka's
+# assignors (round robin, range) give it partition 0; the test asserts it rather than trusting it.
+OTHER_REPLICA_CLIENT_ID = "0-other-replica"
+MOVED_PARTITION = 0
+
+
+@pytest.mark.parametrize(("status", "dependency"), [(503, "ds"), (403, "ds_auth")])
+async def test_ready_again_once_the_partition_waiting_on_a_failing_connector_moves_to_another_replica(
+    harness: h.Harness, status: int, dependency: str
+) -> None:
+    tp = TopicPartition(harness.topic, MOVED_PARTITION)
+    ev = h.event(h.PROVIDER_A)
+    harness.a.double.set_fault(endpoint="audit", status=status)
+    try:
+        await harness.producer.send_and_wait(
+            harness.topic, h.json_bytes(ev), key=h.PROVIDER_A.encode(), partition=MOVED_PARTITION
+        )
+        await h.wait_for(lambda: _failing(harness, dependency), 30, f"unready naming {dependency}")
+
+        other = AIOKafkaConsumer(
+            harness.topic,
+            bootstrap_servers=harness.bootstrap,
+            group_id=harness.relay.env["AUDIT_RELAY_GROUP_ID"],
+            client_id=OTHER_REPLICA_CLIENT_ID,
+            enable_auto_commit=False,  # it only holds the partition; the record stays undelivered
+            session_timeout_ms=6000,
+            heartbeat_interval_ms=500,
+        )
+        await other.start()
+        try:
+            await h.wait_for(lambda: tp in other.assignment(), 60, "the other replica owning the partition")
+            # ds still refuses: only losing the partition can have made the relay ready again
+            await harness.relay.wait_ready(60)
+            assert harness.a.accepted_ids([ev["event_id"]]) == []
+        finally:
+            await other.stop()
+
+        # the partition comes back, the record is tried again and the failure counts again
+        await h.wait_for(lambda: _failing(harness, dependency), 60, f"unready naming {dependency} again")
+    finally:
+        harness.a.double.clear_faults()
+    # nothing was lost on the way
+    await harness.wait_accepted([ev])
+    await harness.relay.wait_ready(30)
+
+
+async def _failing(harness: h.Harness, dependency: str) -> bool:
+    r = await asyncio.to_thread(harness.relay.readyz)
+    return r is not None and r.status_code == 503 and dependency in r.json()["failing"]

@@ -36,7 +36,11 @@ class Health:
         self._ds_failing_since.pop(connector, None)
 
     def forget(self, connector: str) -> None:
+        """This replica holds no more work for the connector (its partitions moved to another
+        replica): nothing here will ever ask that connector again, so its last failure must not
+        keep the replica unready. The new owner reports it if it still fails."""
         self._ds_failing_since.pop(connector, None)
+        self._auth_refused.discard(connector)
 
     # -- checks ---------------------------------------------------------------------------------
     def broker_ready(self) -> bool:

@@ -54,6 +54,9 @@ class PartitionWorker:
         self.tp = tp
         self.pending: deque[Record] = deque()
         self.done_offset: int | None = None  # next offset to commit
+        # the connector the record in hand is being delivered to; set while it is retried, so a
+        # revoked partition tells which connector's health state only it was keeping alive
+        self.connector: str | None = None
         self.committed_offset: int | None = None
         self._wake = asyncio.Event()
         self._dirty = asyncio.Event()
@@ -132,6 +135,7 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         log.info("partitions_assigned", partitions=sorted(tp.partition for tp in assigned))
+        self.relay.settle_health(assigned)
 
 
 class Relay:
@@ -152,6 +156,9 @@ class Relay:
         self.health = health
         self.metrics = metrics
         self.workers: dict[TopicPartition, PartitionWorker] = {}
+        # partition → connector its worker was delivering to when the partition was revoked; read
+        # once the new assignment is known (settle_health)
+        self._interrupted: dict[TopicPartition, str] = {}
         self._stopping = False
 
     # -- the poll loop --------------------------------------------------------------------------
@@ -217,9 +224,28 @@ class Relay:
             worker = self.workers.pop(tp, None)
             if worker is None:
                 continue
+            if worker.connector is not None:
+                self._interrupted[tp] = worker.connector
             await worker.stop()
             with contextlib.suppress(KeyError):  # no lag was measured for it yet
                 self.metrics.consumer_lag.remove(tp.topic, str(tp.partition))
+
+    def settle_health(self, assigned: Iterable[TopicPartition]) -> None:
+        """After a rebalance: a connector's failure (unreachable, 401/403) is forgotten once no
+        partition left here has work for it. Its failing state is otherwise cleared only by that
+        connector answering, which never happens if the record went to another replica, and the
+        relay would stay unready for good. A partition assigned again keeps its state: its worker
+        resumes the same record and the grace keeps running."""
+        kept = set(assigned)
+        busy = {c for tp, c in self._interrupted.items() if tp in kept}
+        busy |= {w.connector for w in self.workers.values() if w.connector is not None}
+        for connector in set(self._interrupted.values()) - busy:
+            self.health.forget(connector)
+            log.info("connector_forgotten", connector=connector)
+        if not busy:
+            # nothing here needs the service token now; the next attempt re-checks the issuer
+            self.health.credentials_failing = False
+        self._interrupted.clear()
 
     # -- one record ------------------------------------------------------------------------------
     async def handle(self, record: Record, worker: PartitionWorker) -> None:
@@ -251,18 +277,22 @@ class Relay:
             return
         body = audit_body(event)
         attempt = 0
-        while True:
-            outcome = await self.sender.post(connector, event_id, body)
-            if isinstance(outcome, Accepted):
-                self.metrics.delivered.inc()
-                self.metrics.delivery_latency.observe(max(0.0, time.time() - record.timestamp / 1000))
-                return
-            if isinstance(outcome, Refused):
-                rejected = Rejected("ds_rejected", f"ds answered {outcome.status}", event_id)
-                await self._dead_letter(record, rejected, worker, ds_status=outcome.status)
-                return
-            await self.wait_retry(outcome, attempt, worker, event_id)
-            attempt += 1
+        worker.connector = connector
+        try:
+            while True:
+                outcome = await self.sender.post(connector, event_id, body)
+                if isinstance(outcome, Accepted):
+                    self.metrics.delivered.inc()
+                    self.metrics.delivery_latency.observe(max(0.0, time.time() - record.timestamp / 1000))
+                    return
+                if isinstance(outcome, Refused):
+                    rejected = Rejected("ds_rejected", f"ds answered {outcome.status}", event_id)
+                    await self._dead_letter(record, rejected, worker, ds_status=outcome.status)
+                    return
+                await self.wait_retry(outcome, attempt, worker, event_id)
+                attempt += 1
+        finally:
+            worker.connector = None
 
     async def wait_retry(self, outcome: Retry, attempt: int, worker: PartitionWorker, event_id: str) -> None:
         self.metrics.retried.labels(outcome.cause).inc()
