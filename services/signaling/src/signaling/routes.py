@@ -1,14 +1,17 @@
 """The DPS signalling routes (DPS-02 … DPS-11), mounted only when DPS_ENABLED (DPS-01).
 
-Handlers parse, authorise and delegate to FlowService; refusals are ServiceErrors rendered (and
-audited) once by the handlers installed in app.py."""
+Every route authenticates first (SignallingRoute), then handlers parse, authorise and delegate to
+FlowService; refusals are ServiceErrors rendered (and audited) once by the handlers installed in
+app.py."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Callable, Coroutine
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Request, Response
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 
 from dataplane_contracts.dps import (
     SIGNALING_PATH,
@@ -30,7 +33,7 @@ from signaling.state import Dps, app_state, dps_state
 _BEARER = {"WWW-Authenticate": "Bearer"}
 
 
-async def signalling_caller(request: Request) -> str:
+async def authenticate(request: Request) -> str:
     """DPS-02: a valid bearer from the configured issuer, whose azp (else client_id) is admitted."""
     dps = dps_state(request)
     header = request.headers.get("authorization", "")
@@ -49,6 +52,30 @@ async def signalling_caller(request: Request) -> str:
     return client
 
 
+class SignallingRoute(APIRoute):
+    """A /dps route that authenticates before anything else.
+
+    FastAPI reads and parses the JSON body before it solves any dependency, so an auth dependency
+    would let an unauthenticated caller with a malformed body learn `invalid_message` (422) instead
+    of `no_token` (401). Wrapping the route handler puts DPS-02 ahead of the body, whatever it is;
+    the refusal is raised inside the route, so the audited error handlers of app.py render it."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def authenticated(request: Request) -> Response:
+            request.state.admitted_caller = await authenticate(request)
+            return await handler(request)
+
+        return authenticated
+
+
+def signalling_caller(request: Request) -> str:
+    """The caller SignallingRoute admitted (every route using this dependency is one)."""
+    caller: str = request.state.admitted_caller
+    return caller
+
+
 Caller = Annotated[str, Depends(signalling_caller)]
 DpsDep = Annotated[Dps, Depends(dps_state)]
 
@@ -61,8 +88,8 @@ def _status(msg: DataFlowStatusMessage) -> JSONResponse:
     return JSONResponse(msg.wire())
 
 
-router = APIRouter(prefix="/dps")
-flows = APIRouter(prefix=SIGNALING_PATH.removeprefix("/dps"))
+router = APIRouter(prefix="/dps", route_class=SignallingRoute)
+flows = APIRouter(prefix=SIGNALING_PATH.removeprefix("/dps"), route_class=SignallingRoute)
 
 
 @router.get("/registration")
