@@ -32,7 +32,7 @@ async def test_runs_in_a_read_only_transaction(db: Db) -> None:
         await conn.execute("CREATE SEQUENCE s")
     with pytest.raises(ServiceError) as err:  # a write inside the statement is refused by PostgreSQL
         await db.executor.run(_raw("SELECT nextval('s') AS n"), offset=0, limit=10, skip_count=True)
-    assert err.value.code == "query_failed"
+    assert (err.value.status_code, err.value.code) == (400, "query_failed")
     assert "ReadOnlySQLTransaction" in err.value.detail
 
 
@@ -50,7 +50,7 @@ async def test_sql_error_is_query_failed_without_values(db: Db) -> None:
     narrowed = db.narrow("SELECT CAST(pod AS integer) AS n FROM readings", allow_all())
     with pytest.raises(ServiceError) as err:
         await db.executor.run(narrowed, offset=0, limit=10, skip_count=True)
-    assert err.value.code == "query_failed"
+    assert (err.value.status_code, err.value.code) == (400, "query_failed")
     assert "pod-" not in err.value.detail
 
 
@@ -79,17 +79,20 @@ async def test_pagination_count_and_skip_count(db: Db) -> None:
     [(0, 0, (0, 100)), (-5, -1, (0, 100)), (2, MAX_LIMIT + 1, (2, MAX_LIMIT)), (1, 7, (1, 7))],
 )
 async def test_limit_cap_and_defaults(db: Db, offset: int, limit: int, applied: tuple[int, int]) -> None:
-    page = await db.query("SELECT id FROM readings", allow_all(), offset=offset, limit=limit)
+    page = await db.query("SELECT id FROM readings ORDER BY id", allow_all(), offset=offset, limit=limit)
     assert (page.offset, page.limit) == applied
-    assert page.count == min(applied[1], len(READINGS) - applied[0])
+    ids = sorted(r[0] for r in READINGS)
+    assert [i["id"] for i in page.items] == ids[applied[0] : applied[0] + applied[1]]
+    assert page.count == len(page.items) and page.total == len(READINGS)
 
 
 async def test_executor_max_limit_is_enforced(db: Db) -> None:
     capped = QueryExecutor(db.pool, 5000, max_limit=5)
     page = await capped.run(
-        db.narrow("SELECT id FROM readings", allow_all()), offset=0, limit=50, skip_count=False
+        db.narrow("SELECT id FROM readings ORDER BY id", allow_all()), offset=0, limit=50, skip_count=False
     )
     assert (page.limit, page.count, page.total) == (5, 5, len(READINGS))
+    assert [i["id"] for i in page.items] == sorted(r[0] for r in READINGS)[:5]
 
 
 QE04 = {
@@ -149,6 +152,6 @@ async def test_pool_unreachable_is_database_unavailable() -> None:
     try:
         with pytest.raises(ServiceError) as err:
             await QueryExecutor(pool, 5000).run(_raw("SELECT 1 AS x"), offset=0, limit=1, skip_count=True)
-        assert err.value.code == "database_unavailable"
+        assert (err.value.status_code, err.value.code) == (503, "database_unavailable")
     finally:
         await pool.close()

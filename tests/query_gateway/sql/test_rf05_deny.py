@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import re
 
-from sqlgw_support import Db, allow_all, pods
+import sqlglot
+from sqlglot import exp
+from sqlgw_support import METERS, READINGS, Db, allow_all, pods
 
 from dataplane_contracts.plans import Plan
 
@@ -31,15 +33,28 @@ async def test_rf05_deny_under_cte_and_subquery_reads_no_rows(db: Db) -> None:
     assert narrowed.sql.count("SELECT") == narrowed.sql.count("FALSE")
     page = await db.executor.run(narrowed, offset=0, limit=100, skip_count=False)
     assert page.items == [] and page.total == 0 and page.count == 0
-    # run without the outer queries, each aggregate sees an empty input, even over meters and
-    # sites, which the deny did not name: nothing of the statement is read
+    # the outermost FALSE alone would hide what the inner SELECTs read: drop the outer FROM and
+    # WHERE and each aggregate must still see an empty input — the CTE, the subquery and meters,
+    # which the deny did not name: nothing of the statement is read
     async with db.pool.acquire() as conn:
-        rows = await conn.fetch(narrowed.sql, *narrowed.params)
-    assert rows == []  # the outermost SELECT itself has FALSE
-    inner = "SELECT count(*) AS n FROM (SELECT * FROM readings) s"
-    sub = db.narrow(inner, plans)
-    async with db.pool.acquire() as conn:
-        assert await conn.fetchval(sub.sql, *sub.params) == 0
+        inner = await conn.fetch(_scalars_only(narrowed.sql), *narrowed.params)
+        assert [tuple(r.values()) for r in inner] == [(0, 0, 0)]
+        cte_body = sqlglot.parse_one(narrowed.sql, read="postgres").find(exp.CTE)
+        assert cte_body is not None
+        assert await conn.fetch(cte_body.this.sql(dialect="postgres")) == []
+        # the same surgery on the allowed statement does read rows: the check above can fail
+        allowed = db.narrow(DENY_UNDER_CTE_AND_SUBQUERY, allow_all())
+        rows = await conn.fetch(_scalars_only(allowed.sql), *allowed.params)
+        assert [tuple(r.values()) for r in rows] == [(len(READINGS), len(READINGS), len(METERS))]
+
+
+def _scalars_only(sql: str) -> str:
+    """The statement's projection of scalar subqueries, without its own FROM and WHERE."""
+    tree = sqlglot.parse_one(sql, read="postgres")
+    for key in ("from", "from_", "where"):  # the FROM key's name differs by sqlglot version
+        if tree.args.get(key) is not None:
+            tree.set(key, None)
+    return tree.sql(dialect="postgres")
 
 
 async def test_rf05_empty_allow_list_after_conversion_is_a_deny(db: Db) -> None:
@@ -52,8 +67,11 @@ async def test_rf05_empty_allow_list_after_conversion_is_a_deny(db: Db) -> None:
     assert page.items == [] and page.total == 0
 
 
-async def test_rf05_allow_list_filters_and_skipped_layer_does_not_widen(db: Db) -> None:
-    narrowed = db.narrow("SELECT count(*) AS n FROM readings", pods("pod-2"))
+async def test_rf05_allow_all_layer_beside_an_allow_list_does_not_widen(db: Db) -> None:
+    # one layer allows everything (member_wide), the other names pod-2: only pod-2 is read
+    plans = {**allow_all(), "readings": [Plan.allow_all(), *pods("pod-2")["readings"]]}
+    narrowed = db.narrow("SELECT count(*) AS n, min(pod) AS lo, max(pod) AS hi FROM readings", plans)
     _no_in_list(narrowed.sql)
     page = await db.executor.run(narrowed, offset=0, limit=10, skip_count=False)
-    assert page.items == [{"n": 8}]
+    n = sum(1 for r in READINGS if r[1] == "pod-2")
+    assert page.items == [{"n": n, "lo": "pod-2", "hi": "pod-2"}] and n > 0
