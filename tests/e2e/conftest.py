@@ -1,6 +1,7 @@
 """One running system per test session: `Stack.up` (the code behind `dataplane-local up`) in a
 temporary state directory, with two gateway replicas and two resolvers, every service exporting its
-spans to an OTLP receiver double started here; stopped (nothing left running) at the end."""
+spans to an OTLP receiver double started here; stopped at the end, where `down` must exit 0 and no
+process the stack started — nor any process those started — may survive it."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from aiokafka import AIOKafkaConsumer
 from dataplane_local.demo import StackInfo
 from dataplane_local.doubles.otlp_receiver import OtlpReceiver, create_app
 from dataplane_local.doubles.server import serve_in_thread
-from dataplane_local.procs import record_alive
+from dataplane_local.procs import process_tree, survivors
 from dataplane_local.stack import Stack, missing_services
 
 _spec = importlib.util.spec_from_file_location("e2e_support", Path(__file__).with_name("e2e_support.py"))
@@ -73,12 +74,39 @@ async def system() -> AsyncIterator[object]:
             finally:
                 await kafka.stop()
         finally:
-            records = stack.pidfile.load()
-            await asyncio.to_thread(stack.down)
+            # taken while everything runs: afterwards a survivor re-parented to init would no
+            # longer be found under the pids `down` knows about
+            started = process_tree([r.pid for r in stack.pidfile.load()])
+            down_rc = await asyncio.to_thread(stack.down)
             otlp.stop()
-            left = [f"{r.name} (pid {r.pid})" for r in records if record_alive(r)]
-            if left:
-                pytest.fail(f"`down` left processes running: {left}")
+            left = await _survivors_of(started)
+            if down_rc != 0 or left:
+                pytest.fail(
+                    f"`down` exited {down_rc} and left {len(left)} processes running "
+                    f"({_describe(left)}):\n" + "\n".join(lines[-10:])
+                )
+
+
+async def _survivors_of(started: dict[int, str | None]) -> list[int]:
+    """What still runs of the snapshot. `down` waits for each process group it signals; a
+    process outside those groups gets a moment to finish exiting (bounded against a hang only)."""
+    for _ in range(100):
+        left = survivors(started)
+        if not left:
+            return []
+        await asyncio.sleep(0.1)
+    return survivors(started)
+
+
+def _describe(pids: list[int]) -> str:
+    out = []
+    for pid in pids:
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            cmd = "?"
+        out.append(f"{pid}: {cmd.strip()[:120]}")
+    return "; ".join(out)
 
 
 def stack_env(root: Path) -> dict[str, str]:

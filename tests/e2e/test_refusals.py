@@ -1,11 +1,13 @@
-"""Dataspace refusals across processes: ds unreachable (502, nothing served, nothing published),
-a filter with an unknown field (RF-02, 502), an unknown handler (RF-06, 403), and an empty
-allow-list (no rows)."""
+"""Dataspace refusals across processes: ds unreachable — answering 503, too slow to answer, or
+refusing the connection — (502, nothing served, nothing published), a filter with an unknown
+field (RF-02, 502), an unknown handler (RF-06, 403), and an empty allow-list (no rows)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+import httpx
 import pytest
 from e2e_support import System
 
@@ -45,6 +47,32 @@ async def test_ds_unreachable_refuses_502_serves_nothing_publishes_nothing(syste
         assert r.json()["error"] == "ds_unavailable" and "items" not in r.json()
     assert {t: await system.end_offset(t) for t in topics} == before
     # and the same token is served again once ds answers: the refusal was ds, not the token
+    assert (await system.edr_query(DEMO_AGREEMENT, token=edr)).status_code == 200
+
+
+async def test_ds_connection_refused_refuses_502_serves_nothing_publishes_nothing(system: System) -> None:
+    """ds's address has no listener at all (the double's process is stopped): every connection
+    is refused, on the EDR and the DPS pull path of both replicas."""
+    wire = Wire(system.http)
+    flow = await start_pull_flow(wire, system.info, await control_plane_token(wire, system.info))
+    edr = await system.edr_token(DEMO_AGREEMENT)
+    topics = (AUDIT_DISCLOSURES, PLAN_REQUESTS)
+    before = {t: await system.end_offset(t) for t in topics}
+    await asyncio.to_thread(system.stack.stop_double, "ds-connector")
+    try:
+        with pytest.raises(httpx.ConnectError):  # the premise: nothing listens there any more
+            await system.http.get(f"{system.info.ds_url}/_participants")
+        answers = [await system.edr_query(DEMO_AGREEMENT, gateway=g, token=edr) for g in system.gateways]
+        answers += [await pull(wire, f"{g}/dps/public", flow.token, show=False) for g in system.gateways]
+    finally:
+        # the same port and configuration (and EDR key); the policy the tests changed is put back
+        await asyncio.to_thread(system.stack.start_double, "ds-connector")
+        await system.ds_control({"action": "policy", "policy": system.policy})
+    for r in answers:
+        assert r.status_code == 502, r.text
+        assert r.json()["error"] == "ds_unavailable" and "items" not in r.json()
+    # no DisclosureRecorded (nothing was served) and no plan request (nothing was resolved)
+    assert {t: await system.end_offset(t) for t in topics} == before
     assert (await system.edr_query(DEMO_AGREEMENT, token=edr)).status_code == 200
 
 

@@ -84,6 +84,34 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
+def process_tree(pids: list[int]) -> dict[int, str | None]:
+    """The live processes among `pids`, every live descendant of them (by parent pid) and every
+    live member of their sessions, each with its start time: what "nothing left running" has to
+    cover. The session catches a grandchild whose parent already exited (re-parented to init, no
+    longer a descendant); a start time keeps a later reuse of the pid from counting as a survivor
+    (`is_alive(pid, start_time)`). Take it while the processes run: afterwards the tree is gone."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return {p: None for p in pids if is_alive(p)}
+    stats: dict[int, list[str]] = {}
+    for entry in proc.iterdir():
+        if entry.name.isdigit() and (st := _stat(int(entry.name))) and st[0] not in ("Z", "X"):
+            stats[int(entry.name)] = st  # st[1] = parent pid (field 4), st[3] = session (field 6)
+    roots = {p for p in pids if p in stats}
+    found = set(roots) | {p for p, st in stats.items() if int(st[3]) in roots}
+    grew = True
+    while grew:
+        more = {p for p, st in stats.items() if int(st[1]) in found} - found
+        found |= more
+        grew = bool(more)
+    return {p: stats[p][19] for p in found}
+
+
+def survivors(tree: dict[int, str | None]) -> list[int]:
+    """The processes of a `process_tree` snapshot that still run (the same process, not a reuse)."""
+    return sorted(p for p, start in tree.items() if is_alive(p, start))
+
+
 def _signal(rec: ProcRecord, sig: signal.Signals) -> None:
     try:
         if rec.group:

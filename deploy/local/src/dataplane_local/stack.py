@@ -106,9 +106,8 @@ def _service_command(name: str) -> list[str]:
     return [sys.executable, "-c", f"import sys; from {module} import {attr} as m; sys.exit(m())"]
 
 
-def _dps_keys(root: Path) -> tuple[str, str]:
-    """The pull-token signing key: kept across restarts (DPS: same on every worker, kept)."""
-    path = root / "dps-signing-key.pem"
+def _ec_key_pem(path: Path) -> str:
+    """An EC P-256 private key (PKCS#8 PEM) kept in `path`: created once, then read back."""
     if not path.exists():
         key = ec.generate_private_key(ec.SECP256R1())
         pem = key.private_bytes(
@@ -116,6 +115,13 @@ def _dps_keys(root: Path) -> tuple[str, str]:
         )
         path.write_bytes(pem)
         path.chmod(0o600)
+    return path.read_text()
+
+
+def _dps_keys(root: Path) -> tuple[str, str]:
+    """The pull-token signing key: kept across restarts (DPS: same on every worker, kept)."""
+    path = root / "dps-signing-key.pem"
+    _ec_key_pem(path)
     private = serialization.load_pem_private_key(path.read_bytes(), password=None)
     public = private.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
@@ -151,6 +157,8 @@ class Stack:
         self.log = log
         self.records: list[ProcRecord] = []
         self.service_ports: dict[str, int] = {}
+        # how each double was started (command, URL, ready path), so one can be restarted as it was
+        self.double_starts: dict[str, tuple[list[str], str, str]] = {}
 
     # ------------------------------------------------------------------------------------ up
     def up(
@@ -255,8 +263,8 @@ class Stack:
             url = f"http://127.0.0.1:{port}"
             config = self._double_config(name, urls)
             cmd = [sys.executable, "-m", module, "--port", str(port), "--config", str(config)]
-            self._spawn(name, "double", cmd, url, dict(os.environ))
-            _wait_http(f"{url}{ready}", 30.0, self.records[-1])
+            self.double_starts[name] = (cmd, url, ready)
+            self.start_double(name)
             urls[name] = url
             self.log(f"double {name}: {url}")
         env = self._env(urls)
@@ -276,6 +284,9 @@ class Stack:
         elif name == "ds-connector":
             config = yaml.safe_load((DEPLOY_LOCAL / "ds-policy.yaml").read_text())
             config["service_auth"] = {"jwks_url": certs}  # every /internal call needs a service token
+            # the EDR signing key outlives the double's process: a restarted double keeps
+            # verifying the tokens it minted before (the gateways keep its key set cached)
+            config.setdefault("private_key_pem", _ec_key_pem(self.root / "ds-edr-signing-key.pem"))
         else:
             config = yaml.safe_load((DEPLOY_LOCAL / "rec-registry.yaml").read_text())
             config["jwks_url"] = certs
@@ -391,6 +402,19 @@ class Stack:
         _wait_http(f"{url}/readyz", ready_timeout, self.records[-1])
         self.log(f"service {instance}: ready on {url}")
         return url
+
+    def start_double(self, name: str, ready_timeout: float = 30.0) -> str:
+        """(Re)start one development double as `up` started it: same port, same configuration
+        file (its runtime state — policy changes, recorded calls, faults — starts afresh)."""
+        cmd, url, ready = self.double_starts[name]
+        self.records = [r for r in self.records if not (r.name == name and not record_alive(r))]
+        self._spawn(name, "double", cmd, url, dict(os.environ))
+        _wait_http(f"{url}{ready}", ready_timeout, self.records[-1])
+        return url
+
+    def stop_double(self, name: str) -> None:
+        """Stop one double: its address then has no listener (a connection to it is refused)."""
+        self.stop_service(name)
 
     def stop_service(self, instance: str) -> None:
         """Stop one service process (SIGTERM, then SIGKILL), keeping its settings for a restart."""
