@@ -1,6 +1,6 @@
 """Fixtures for the audit-relay: one relay process for the whole folder (a consumer-group join
-costs ~3 s on the local broker), on topics of its own, with two ds connector doubles and an OIDC
-issuer double."""
+costs ~3 s on the local broker), on topics of its own, with ds connector doubles for two providers
+and a default connector, and an OIDC issuer double."""
 
 from __future__ import annotations
 
@@ -46,11 +46,16 @@ async def harness(kafka_bootstrap: str, producer: AIOKafkaProducer) -> AsyncIter
     issuer, issuer_server = start_oidc_issuer(clients={h.CLIENT_ID: h.CLIENT_SECRET})
     a = h.start_connector(h.PROVIDER_A, issuer)
     b = h.start_connector(h.PROVIDER_B, issuer)
+    default = h.start_connector(h.DEFAULT_PROVIDER, issuer)
     urls = {h.PROVIDER_A: a.server.url, h.PROVIDER_B: b.server.url}
-    env = h.relay_env(kafka_bootstrap, topic, dlq_topic, f"relay-{suffix}", issuer, urls)
+    env = h.relay_env(
+        kafka_bootstrap, topic, dlq_topic, f"relay-{suffix}", issuer, urls, default_url=default.server.url
+    )
     workdir = Path(tempfile.mkdtemp(prefix="audit-relay-"))
     relay = h.RelayProcess(env, workdir / "relay.log")
-    harness = h.Harness(kafka_bootstrap, topic, dlq_topic, a, b, issuer, issuer_server, relay, producer)
+    harness = h.Harness(
+        kafka_bootstrap, topic, dlq_topic, a, b, issuer, issuer_server, relay, producer, default
+    )
     reader = asyncio.create_task(h.read_dlq(kafka_bootstrap, dlq_topic, harness.dlq, harness.dlq_headers))
     relay.start()
     try:
@@ -61,5 +66,5 @@ async def harness(kafka_bootstrap: str, producer: AIOKafkaProducer) -> AsyncIter
         reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await reader
-        for server in (a.server, b.server, issuer_server):
+        for server in (a.server, b.server, default.server, issuer_server):
             server.stop()

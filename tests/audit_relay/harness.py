@@ -34,6 +34,8 @@ from dataplane_local.procs import stop_process
 PROVIDER_A = "did:web:provider-a.example"
 PROVIDER_B = "did:web:provider-c.example"
 UNROUTABLE = "did:web:nobody.example"
+# the participant behind CONNECTOR_INTERNAL_URL; never a key of CONNECTOR_INTERNAL_URLS
+DEFAULT_PROVIDER = "did:web:default-connector.example"
 PARTITIONS = 6
 CLIENT_ID = "svc-audit-relay"
 CLIENT_SECRET = "relay-secret-for-tests"
@@ -165,6 +167,9 @@ class Harness:
     issuer_server: RunningServer
     relay: RelayProcess
     producer: AIOKafkaProducer
+    # CONNECTOR_INTERNAL_URL of the shared relay, set alongside CONNECTOR_INTERNAL_URLS: it serves
+    # only events that name no provider (reference §1.3, rules 2 and 3)
+    default: Connector
     dlq: list[dict[str, Any]] = field(default_factory=list)
     dlq_headers: list[dict[str, bytes]] = field(default_factory=list)
 
@@ -187,7 +192,7 @@ class Harness:
 
     async def wait_accepted(self, events: list[dict[str, Any]], timeout: float = 60.0) -> None:
         def done() -> bool:
-            got = set(self.a.accepted_ids()) | set(self.b.accepted_ids())
+            got = set(self.a.accepted_ids()) | set(self.b.accepted_ids()) | set(self.default.accepted_ids())
             return all(ev["event_id"] in got for ev in events)
 
         await wait_for(done, timeout, f"{len(events)} deliveries (log: {self.relay.log_path})")
@@ -239,8 +244,16 @@ async def make_topics(bootstrap: str, topic: str, dlq_topic: str) -> None:
 
 
 def relay_env(
-    bootstrap: str, topic: str, dlq_topic: str, group: str, issuer: OidcIssuer, urls: dict[str, str]
+    bootstrap: str,
+    topic: str,
+    dlq_topic: str,
+    group: str,
+    issuer: OidcIssuer,
+    urls: dict[str, str],
+    default_url: str | None = None,
+    **overrides: str,
 ) -> dict[str, str]:
+    """The relay's environment; `overrides` are further variables (AUDIT_RELAY_HTTP_TIMEOUT_S=…)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AUDIT_RELAY_", "CONNECTOR_", "CELINE_"))}
     env.update(
         {
@@ -263,6 +276,9 @@ def relay_env(
             "AUDIT_RELAY_SESSION_TIMEOUT_MS": "6000",
         }
     )
+    if default_url is not None:
+        env["CONNECTOR_INTERNAL_URL"] = default_url
+    env.update(overrides)
     return env
 
 
