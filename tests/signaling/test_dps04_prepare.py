@@ -37,25 +37,3 @@ async def test_dps04_an_existing_flow_id_conflicts(signaling: Any, cp_token: Any
     r = await signaling.client.post(f"{FLOWS}/prepare", json=start_message(flow), headers=auth(cp_token()))
     assert r.status_code == 409
     assert r.json()["error"] == "flow_exists"
-
-
-async def test_dps03_a_message_without_a_deciding_fact_is_422(signaling: Any, cp_token: Any) -> None:
-    for missing in (
-        "processId",
-        "participantId",
-        "counterPartyId",
-        "agreementId",
-        "datasetId",
-        "transferType",
-    ):
-        msg = start_message(new_id(), **{missing: ...})
-        for signal in ("prepare", "start"):
-            r = await signaling.client.post(f"{FLOWS}/{signal}", json=msg, headers=auth(cp_token()))
-            assert r.status_code == 422, (missing, signal)
-            assert r.json()["error"] == "invalid_message"
-
-
-async def test_dps03_unknown_fields_are_ignored_over_http(signaling: Any, cp_token: Any) -> None:
-    msg = start_message(new_id(), futureField={"a": 1}, labels=None, metadata=None)
-    r = await signaling.client.post(f"{FLOWS}/prepare", json=msg, headers=auth(cp_token()))
-    assert r.status_code == 200, r.text

@@ -57,11 +57,3 @@ async def test_dps05_a_pull_start_with_a_data_address_is_refused(signaling: Any,
     assert r.json()["error"] == "data_address_not_allowed"
     status = await signaling.client.get(f"{FLOWS}/{flow}/status", headers=auth(cp_token()))
     assert status.status_code == 404
-
-
-async def test_dps05_start_accepts_the_rc3_rc4_spelling(signaling: Any, cp_token: Any) -> None:
-    flow = new_id()
-    msg = start_message(flow, processId=..., transferType=..., dataFlowId=flow, profile="HttpData-PULL")
-    r = await signaling.client.post(f"{FLOWS}/start", json=msg, headers=auth(cp_token()))
-    assert r.status_code == 200, r.text
-    assert r.json()["dataFlowId"] == flow
