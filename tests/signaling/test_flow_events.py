@@ -3,6 +3,7 @@ outbox, keyed by flow id, with the request's trace context and never a token."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from opentelemetry.sdk.trace import TracerProvider
@@ -71,3 +72,39 @@ async def test_every_transition_reaches_the_flow_events_topic(signaling: Any, cp
         "SELECT count(*) AS n FROM dps_outbox WHERE sent_at IS NULL",
     )
     assert unsent[0]["n"] == 0
+
+
+async def _wait_sent(db: str, flow: str) -> None:
+    """Until the relay has marked the flow's outbox row sent (it published it first)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 20
+    while loop.time() < deadline:
+        rows = await sql(db, "SELECT sent_at FROM dps_outbox WHERE key = $1", flow)
+        if rows and all(r["sent_at"] is not None for r in rows):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the outbox row of {flow} was never marked sent")
+
+
+async def test_at_least_once_a_republished_row_keeps_its_event_id(signaling: Any, cp_token: Any) -> None:
+    """The crash window between the broker's ack and the commit of `sent_at`: the row is on the
+    topic but still unsent in the table, so the next relay pass publishes it again. The copies
+    must be recognisable as one event by `event_id`."""
+    db = str(signaling.settings.database_url).replace("+asyncpg", "")
+    flow = new_id()
+    r = await signaling.client.post(f"{FLOWS}/start", json=start_message(flow), headers=auth(cp_token()))
+    assert r.status_code == 200
+    await _wait_sent(db, flow)
+    (row,) = await sql(db, "SELECT event_id FROM dps_outbox WHERE key = $1", flow)
+    # what a process killed after the ack and before its commit leaves behind
+    await sql(db, "UPDATE dps_outbox SET sent_at = NULL WHERE key = $1", flow)
+    await _wait_sent(db, flow)
+
+    records = await read_flow_events(
+        signaling.settings.kafka_bootstrap_servers, lambda recs: len(events_for(recs, flow)) >= 2
+    )
+    copies = events_for(records, flow)
+    assert len(copies) == 2
+    assert copies[0] == copies[1]
+    assert {c["event_id"] for c in copies} == {str(row["event_id"])}
+    assert [c["state"] for c in copies] == ["STARTED", "STARTED"]
