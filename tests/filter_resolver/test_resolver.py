@@ -67,14 +67,23 @@ async def test_expired_claim_check_is_unavailable(harness: Any, fresh_doubles: A
 
 
 async def test_claim_check_is_taken_once(harness: Any, fresh_doubles: Any) -> None:
+    fresh_doubles.endpoint.reset((200, ["m-1"]))
+    args = {"column": "meter_id", "url": fresh_doubles.endpoint_url + "/allowed"}
     request = await put_claim(
-        harness.redis, claim("rec_registry", ARGS, caller=service_account(fresh_doubles.issuer))
+        harness.redis, claim("http_in_list", args, caller=person(fresh_doubles.issuer, "al"))
     )
     first = await harness.runtime.resolver.process(request)
     assert first.outcome == "cached"
     assert await harness.redis.exists(redis_claim_key(request.claim_check_id)) == 0
+    # the same request read again (its first reply was never published): the claim is not
+    # there to take, the plan it produced answers, and the upstream is not asked twice
     again = await harness.runtime.resolver.process(request)
-    assert again.error_code == "row_filter_unavailable"
+    assert (again.outcome, again.cache_key) == ("cached", request.cache_key)
+    assert len(fresh_doubles.endpoint.calls()) == 1
+    # once that plan is gone too, the request is an error, never an empty input
+    await harness.redis.delete(redis_plan_key(request.cache_key))
+    third = await harness.runtime.resolver.process(request)
+    assert (third.outcome, third.error_code) == ("error", "row_filter_unavailable")
 
 
 async def test_unreadable_claim_check_is_invalid(harness: Any) -> None:

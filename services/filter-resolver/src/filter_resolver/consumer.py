@@ -1,9 +1,23 @@
 """The Kafka side: consumer group on the plan-request topic, replies to each request's topic.
 
-Plain aiokafka, auto-commit off: the ack policy is "commit a request's offset only once its reply
-is published". A batch is resolved concurrently; per partition the offset advances to the first
-request whose reply could not be published, and the consumer seeks back to it, so it is read
-again (at least once; the gateway keeps only the first reply per correlation id)."""
+The ack policy, explicit: commit a request's offset only once its reply is published. Plain
+aiokafka with auto-commit off, rather than a FastStream subscriber's `ack_policy`, because:
+
+- A batch is resolved concurrently, within a partition too: lookups wait on HTTP and identical
+  requests in flight are resolved once (resolver.py), which only works when they are in flight
+  together. FastStream acks a message when its handler returns, one message at a time per
+  consumer, and a batch subscriber acks its batch as a whole; its concurrent mode (`max_workers`)
+  is either `AckPolicy.ACK_FIRST` — the offset committed before the work, so a request whose
+  reply never got out is lost — or one group member per worker, each still sequential and each a
+  group join (seconds on the local broker).
+- The reply goes to the topic *and partition* the request names (each gateway replica reads its
+  own partition by manual assignment); FastStream's automatic reply knows only `reply_to`.
+
+So: per partition the offset advances to the first request whose reply could not be published;
+the consumer seeks back to it, waits a short, growing pause (a broker refusing the reply must
+not turn into a busy loop), and reads it again. At least once: the claim check was taken by the
+first reading, so the second is answered from the plan it cached (resolver.py); the gateway keeps
+only the first reply per correlation id."""
 
 from __future__ import annotations
 
@@ -33,6 +47,8 @@ TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 HEX32 = re.compile(r"^[0-9a-f]{32}$")
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
+# before reading again a request whose reply could not be published
+REPLY_BACKOFF_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
 
 
 class _Assignments(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -126,6 +142,7 @@ class PlanRequestConsumer:
     async def _consume(self) -> None:
         consumer = self._consumer
         assert consumer is not None
+        unpublished = 0  # batches in a row with a reply left unpublished
         while True:
             batch = await consumer.getmany(timeout_ms=1000, max_records=self._settings.resolver_max_batch)
             if not batch:
@@ -133,6 +150,11 @@ class PlanRequestConsumer:
             records = [(tp, rec) for tp, recs in batch.items() for rec in recs]
             published = await asyncio.gather(*(self._handle(rec) for _, rec in records))
             await self._commit(consumer, records, published)
+            if all(published):
+                unpublished = 0
+                continue
+            await asyncio.sleep(REPLY_BACKOFF_S[min(unpublished, len(REPLY_BACKOFF_S) - 1)])
+            unpublished += 1
 
     async def _commit(
         self,

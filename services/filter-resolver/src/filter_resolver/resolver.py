@@ -73,14 +73,17 @@ class Resolver:
         with tracer.start_as_current_span("row_filter.resolve") as span:
             try:
                 claim = await self._take_claim(request)
-                self._verify(claim, request)
-                handler = self._registry.get(claim.handler)
-                if handler is None:
-                    raise unenforceable(f"unknown row filter handler {claim.handler!r}")
-                label = handler.name
-                span.set_attribute("row_filter.handler", label)
-                plan = await self._resolve_once(request, handler, claim)
-                reply = await self._store(request, claim, plan)
+                if claim is None:
+                    reply = await self._answer_from_cache(request)
+                else:
+                    self._verify(claim, request)
+                    handler = self._registry.get(claim.handler)
+                    if handler is None:
+                        raise unenforceable(f"unknown row filter handler {claim.handler!r}")
+                    label = handler.name
+                    span.set_attribute("row_filter.handler", label)
+                    plan = await self._resolve_once(request, handler, claim)
+                    reply = await self._store(request, claim, plan)
             except ResolveError as exc:
                 span.set_attribute("row_filter.error", exc.code)
                 log.info("plan_request_refused", handler=label, error=exc.code, detail=exc.detail)
@@ -98,18 +101,38 @@ class Resolver:
         return reply
 
     # -- the claim check ------------------------------------------------------------------------
-    async def _take_claim(self, request: PlanRequest) -> ClaimCheck:
+    async def _take_claim(self, request: PlanRequest) -> ClaimCheck | None:
+        """The claim check, taken (GETDEL); None when it is gone."""
         try:
             raw = await self._redis.getdel(redis_claim_key(request.claim_check_id))
         except RedisError:
             raise unavailable("the claim-check store is unreachable") from None
         if raw is None:
-            raise unavailable("the claim check has expired or is missing")
+            return None
         try:
             return ClaimCheck.model_validate_json(raw)
         except ValidationError:
             # the validation message quotes the input, which is personal data: never rendered
             raise invalid("the claim check is unreadable") from None
+
+    async def _answer_from_cache(self, request: PlanRequest) -> PlanResolved:
+        """A request whose claim check is gone. When a plan is cached under its key, that plan
+        answers it: the usual case is this very request read a second time because its first
+        reply could not be published (the consumer commits only after publishing, and the first
+        reading took the claim), or an identical request resolved first. The plan was written by
+        a resolution whose claim hashed to this key (RF-07), so it is the plan for these inputs;
+        the reply names the key only, which the asker already holds. With no plan the claim has
+        expired: an error, never an empty input."""
+        try:
+            cached = await self._redis.exists(redis_plan_key(request.cache_key))
+        except RedisError:
+            raise unavailable("the plan cache is unreachable") from None
+        if not cached:
+            raise unavailable("the claim check has expired or is missing")
+        log.info("plan_request_answered_from_cache")
+        return PlanResolved(
+            correlation_id=request.correlation_id, cache_key=request.cache_key, outcome="cached"
+        )
 
     def _verify(self, claim: ClaimCheck, request: PlanRequest) -> None:
         expected = plan_cache_key(claim.key_inputs(), self._secret)
