@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
 
 from dataplane_contracts.topics import TopicSpec
 from dataplane_contracts.topics_cli import create_topics
@@ -154,6 +155,38 @@ async def wait_for(cond: Callable[[], Any], timeout: float, what: str) -> None:
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def sample(metrics_text: str, name: str, **labels: str) -> float:
+    """One sample of the relay's /metrics (0 when absent: a labelled counter appears on first use)."""
+    for family in text_string_to_metric_families(metrics_text):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return float(s.value)
+    return 0.0
+
+
+def total(metrics_text: str, name: str) -> float:
+    """A labelled counter summed over all its labels."""
+    return sum(
+        float(s.value)
+        for f in text_string_to_metric_families(metrics_text)
+        for s in f.samples
+        if s.name == name
+    )
+
+
+async def wait_counter(relay: RelayProcess, name: str, at_least: float, **labels: str) -> float:
+    """The counter once it reached `at_least`, so a caller can assert it did not go past it."""
+    value = 0.0
+
+    async def reached() -> bool:
+        nonlocal value
+        value = sample(await asyncio.to_thread(relay.metrics), name, **labels)
+        return value >= at_least
+
+    await wait_for(reached, 30, f"{name}{labels} to reach {at_least}")
+    return value
 
 
 @dataclass

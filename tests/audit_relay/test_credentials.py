@@ -43,6 +43,7 @@ async def test_token_refetched_after_401_and_refreshed_before_expiry(harness: h.
 
 
 async def test_403_is_retried_and_makes_the_relay_unready_until_ds_accepts(harness: h.Harness) -> None:
+    before = await asyncio.to_thread(harness.relay.metrics)
     harness.a.double.set_fault(endpoint="audit", status=403)
     try:
         ev = h.event(h.PROVIDER_A)
@@ -55,7 +56,11 @@ async def test_403_is_retried_and_makes_the_relay_unready_until_ds_accepts(harne
     await harness.relay.wait_ready(10)
     statuses = [c.status for c in harness.a.audit_calls([ev["event_id"]])]
     assert set(statuses[:-1]) == {403} and statuses[-1] == 200
-    assert 'audit_relay_retried_total{cause="http_403"}' in harness.relay.metrics()
+    # one retry counted per 403, one delivery once ds accepted
+    delivered = h.sample(before, "audit_relay_delivered_total") + 1
+    assert await h.wait_counter(harness.relay, "audit_relay_delivered_total", delivered) == delivered
+    retried = h.sample(harness.relay.metrics(), "audit_relay_retried_total", cause="http_403")
+    assert retried - h.sample(before, "audit_relay_retried_total", cause="http_403") == len(statuses) - 1
 
 
 async def _has(harness: h.Harness, dependency: str) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import audit_relay_harness as h
@@ -12,6 +13,7 @@ from dataplane_contracts.events import DisclosureRecorded
 async def test_rf10_refused_unparseable_unroutable_and_non_did_go_to_dlq_and_later_events_flow(
     harness: h.Harness,
 ) -> None:
+    before = await asyncio.to_thread(harness.relay.metrics)
     # all on provider A's key, so every poison record sits in front of a good one on one partition
     key = h.PROVIDER_A
     refused = h.event(h.PROVIDER_A)
@@ -66,6 +68,16 @@ async def test_rf10_refused_unparseable_unroutable_and_non_did_go_to_dlq_and_lat
     # delivered in order behind the poison records
     assert harness.a.accepted_ids(ev["event_id"] for ev in after) == [ev["event_id"] for ev in after]
 
+    # each dead letter counted once under its reason; only the good events counted as delivered
+    expected = {"ds_rejected": 1, "unroutable": 1, "non_did_subject": 1, "unparseable": 3}
+    for reason, n in expected.items():
+        at_least = h.sample(before, DEAD_LETTERED, reason=reason) + n
+        assert await h.wait_counter(harness.relay, DEAD_LETTERED, at_least, reason=reason) == at_least
+    delivered = h.sample(before, DELIVERED) + len(after)
+    assert await h.wait_counter(harness.relay, DELIVERED, delivered) == delivered
     metrics = harness.relay.metrics()
-    for reason in ("ds_rejected", "unroutable", "non_did_subject", "unparseable"):
-        assert f'audit_relay_dead_lettered_total{{reason="{reason}"}}' in metrics
+    assert h.total(metrics, DEAD_LETTERED) - h.total(before, DEAD_LETTERED) == sum(expected.values())
+
+
+DEAD_LETTERED = "audit_relay_dead_lettered_total"
+DELIVERED = "audit_relay_delivered_total"
