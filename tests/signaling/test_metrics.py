@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 from signaling_support import FLOWS, auth, new_id, run_app, start_message
+
+from dataplane_contracts.dps import FlowState
 
 
 async def _samples(app: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -19,7 +20,7 @@ async def _samples(app: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], fl
 
 
 async def test_signals_tokens_and_flows_are_counted(base_settings: dict[str, Any], cp_token: Any) -> None:
-    async with run_app({**base_settings, "flow_metrics_interval_seconds": 0}) as app:
+    async with run_app(base_settings) as app:
         before = await _samples(app)
         h = auth(cp_token())
         flow = new_id()
@@ -40,11 +41,32 @@ async def test_signals_tokens_and_flows_are_counted(base_settings: dict[str, Any
         assert delta("signaling_signals_total", signal="suspend", outcome="ok") == 1
         assert delta("signaling_pull_tokens_issued_total") == 2
         assert delta("signaling_pull_tokens_retired_total") == 2
-        for _ in range(50):  # the gauge is refreshed by the relay loop
-            after = await _samples(app)
-            terminated = after.get(("signaling_flows", (("state", "TERMINATED"),)))
-            prepared = after.get(("signaling_flows", (("state", "PREPARED"),)))
-            if terminated == 1 and prepared == 1:
-                break
-            await asyncio.sleep(0.1)
-        assert (terminated, prepared) == (1, 1)
+        # recounted from the database by the scrape itself
+        assert after[("signaling_flows", (("state", "TERMINATED"),))] == 1
+        assert after[("signaling_flows", (("state", "PREPARED"),))] == 1
+        assert after[("signaling_flows", (("state", "STARTED"),))] == 0
+
+
+def _flows(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> dict[str, float]:
+    return {dict(labels)["state"]: v for (name, labels), v in samples.items() if name == "signaling_flows"}
+
+
+async def test_flows_by_state_are_right_without_an_outbox_relay(
+    base_settings: dict[str, Any], cp_token: Any
+) -> None:
+    """The gauge must not depend on the relay loop: a replica with OUTBOX_RELAY_ENABLED=false
+    (the relay runs elsewhere) still reports the flows by state, every state present."""
+    async with run_app({**base_settings, "outbox_relay_enabled": False}) as app:
+        zero = {state.value: 0.0 for state in FlowState}
+        assert _flows(await _samples(app)) == zero
+        h = auth(cp_token())
+        first, second = new_id(), new_id()
+        await app.client.post(f"{FLOWS}/start", json=start_message(first), headers=h)
+        await app.client.post(f"{FLOWS}/start", json=start_message(second), headers=h)
+        assert _flows(await _samples(app)) == {**zero, "STARTED": 2.0}
+        await app.client.post(f"{FLOWS}/{first}/suspend", headers=h)
+        await app.client.post(f"{FLOWS}/prepare", json=start_message(new_id()), headers=h)
+        assert _flows(await _samples(app)) == {**zero, "STARTED": 1.0, "SUSPENDED": 1.0, "PREPARED": 1.0}
+        await app.client.post(f"{FLOWS}/{first}/terminate", headers=h)
+        await app.client.post(f"{FLOWS}/{second}/completed", json={}, headers=h)
+        assert _flows(await _samples(app)) == {**zero, "PREPARED": 1.0, "TERMINATED": 1.0, "COMPLETED": 1.0}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 
 import httpx
@@ -94,9 +94,9 @@ def _lifespan(settings: Settings):  # type: ignore[no-untyped-def]
                 producer,
                 settings.outbox_poll_interval_ms / 1000,
                 settings.outbox_batch_size,
-                settings.flow_metrics_interval_seconds,
             )
-        state = AppState(settings, engine, http, producer, relay, None)
+        gauge = metrics.FlowGauge(engine, settings.flow_metrics_interval_seconds)
+        state = AppState(settings, engine, http, producer, relay, gauge, None)
         if settings.dps_enabled:
             state.dps = _build_dps(settings, state)
         app.state.signaling = state
@@ -178,6 +178,17 @@ def create_app(settings: Settings) -> FastAPI:
         openapi_url=None,
     )
     _install_audited_errors(app)
+
+    @app.middleware("http")
+    async def recount_flows_on_scrape(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        # the kit's /metrics renders the registry; the flows gauge is recounted just before
+        state: AppState | None = getattr(app.state, "signaling", None)
+        if state is not None and request.url.path == "/metrics":
+            await state.flow_gauge.refresh()
+        return await call_next(request)
+
     app.include_router(health_router(lambda: _checks(app)))
     if settings.dps_enabled:  # DPS-01: nothing under /dps exists otherwise
         app.include_router(router)

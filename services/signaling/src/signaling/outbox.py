@@ -8,13 +8,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 
 from aiokafka import AIOKafkaProducer
 from sqlalchemy import exists, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from dataplane_contracts.dps import FlowState
 from dataplane_service_kit.logs import get_logger
 from signaling import metrics, repository
 from signaling.tables import outbox
@@ -29,7 +27,6 @@ class OutboxRelay:
         producer: AIOKafkaProducer,
         poll_interval_s: float = 0.5,
         batch_size: int = 100,
-        flow_metrics_interval_s: float = 15.0,
     ) -> None:
         self._engine = engine
         self._producer = producer
@@ -37,8 +34,6 @@ class OutboxRelay:
         self._batch = batch_size
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._metrics_every = flow_metrics_interval_s
-        self._metrics_at: float | None = None
 
     def wake(self) -> None:
         """Called after a transition committed, so its event leaves without waiting for the poll."""
@@ -87,21 +82,10 @@ class OutboxRelay:
         metrics.EVENTS_PUBLISHED.inc(len(rows))
         return len(rows)
 
-    async def _refresh_flow_metrics(self) -> None:
-        # the gauge rides on the relay loop: one GROUP BY per interval, shared by nothing else
-        if self._metrics_at is not None and time.monotonic() - self._metrics_at < self._metrics_every:
-            return
-        self._metrics_at = time.monotonic()
-        async with self._engine.connect() as conn:
-            counts = await repository.flows_by_state(conn)
-        for state in FlowState:  # states with no flow left must read 0, not their last count
-            metrics.FLOWS.labels(state=state.value).set(counts.get(state.value, 0))
-
     async def run(self) -> None:
         while True:
             self._wake.clear()  # before publishing: a commit during the batch must wake us again
             try:
-                await self._refresh_flow_metrics()
                 while await self.publish_pending() > 0:
                     pass  # a flow's next row becomes eligible once its predecessor is sent
             except asyncio.CancelledError:

@@ -65,7 +65,8 @@ class Settings(HttpSettings, KafkaSettings, OidcSettings):
     outbox_relay_enabled: bool = True
     outbox_poll_interval_ms: int = Field(default=500, ge=10)
     outbox_batch_size: int = Field(default=100, ge=1)
-    flow_metrics_interval_seconds: float = Field(default=15.0, ge=0)
+    # the signaling_flows gauge is recounted when /metrics is scraped; > 0: at most this often
+    flow_metrics_interval_seconds: float = Field(default=0.0, ge=0)
 
     dps_enabled: bool = False
     dps_dataplane_id: str = "dataset-api"

@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from signaling.callbacks import ControlPlaneClient
 from signaling.flows import FlowService
+from signaling.metrics import FlowGauge
 from signaling.oidc import JwtVerifier
 from signaling.outbox import OutboxRelay
 from signaling.settings import Settings
@@ -31,6 +32,7 @@ class AppState:
     http: httpx.AsyncClient
     producer: AIOKafkaProducer
     relay: OutboxRelay | None
+    flow_gauge: FlowGauge
     dps: Dps | None
 
 
