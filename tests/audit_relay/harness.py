@@ -231,8 +231,9 @@ class Harness:
         await wait_for(done, timeout, f"{len(events)} deliveries (log: {self.relay.log_path})")
 
     def dead_letters(self, event_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """The dead letters of these events, by the dead-lettered event's id."""
         wanted = set(event_ids)
-        return {d["event_id"]: d for d in self.dlq if d.get("event_id") in wanted}
+        return {d["source_event_id"]: d for d in self.dlq if d.get("source_event_id") in wanted}
 
     async def wait_dead_letters(
         self, event_ids: list[str], timeout: float = 30.0

@@ -7,7 +7,7 @@ import json
 
 import audit_relay_harness as h
 
-from dataplane_contracts.events import DisclosureRecorded
+from dataplane_contracts.events import DisclosureDeadLetter, DisclosureRecorded, dead_letter_id
 
 
 async def test_rf10_refused_unparseable_unroutable_and_non_did_go_to_dlq_and_later_events_flow(
@@ -44,9 +44,16 @@ async def test_rf10_refused_unparseable_unroutable_and_non_did_go_to_dlq_and_lat
     assert letters[extra_field["event_id"]]["reason"] == "unparseable"
     assert letters["e-1"]["reason"] == "unparseable"
     not_json = [d for d in harness.dlq if d["value"] == "{not json"]
-    assert len(not_json) == 1 and not_json[0]["reason"] == "unparseable" and not_json[0]["event_id"] is None
+    assert (
+        len(not_json) == 1
+        and not_json[0]["reason"] == "unparseable"
+        and not_json[0]["source_event_id"] is None
+    )
 
     for letter in [*letters.values(), *not_json]:
+        # a dead letter is an event of its own, with an id derived from the record's place
+        parsed = DisclosureDeadLetter.model_validate(letter)
+        assert parsed.event_id == dead_letter_id(harness.topic, parsed.source_partition, parsed.source_offset)
         assert letter["key"] == key
         assert letter["source_topic"] == harness.topic
         assert isinstance(letter["source_offset"], int)

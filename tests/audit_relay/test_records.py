@@ -6,6 +6,7 @@ import json
 import random
 import subprocess
 import sys
+import uuid
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
@@ -86,7 +87,15 @@ def test_dead_letter_keeps_the_original_record_and_names_its_place() -> None:
     # everything but the offending subject is kept for replay; the non-DID value is redacted
     assert replay == {**json.loads(value), "authorized_subject_ids": ["<redacted: not a DID>"]}
     assert "alice" not in raw.decode()
-    assert letter.event_id == json.loads(value)["event_id"]
+    assert letter.source_event_id == json.loads(value)["event_id"]
+    # an event of its own: its id names the record's place, so writing it twice gives one id
+    again = DeadLetter.model_validate_json(
+        dead_letter(rejected, topic="t", partition=2, offset=41, key=b"did:web:p", value=value)
+    )
+    assert letter.event_id == again.event_id != uuid.UUID(json.loads(value)["event_id"])
+    other = dead_letter(rejected, topic="t", partition=2, offset=42, key=b"did:web:p", value=value)
+    assert DeadLetter.model_validate_json(other).event_id != letter.event_id
+    assert letter.schema_version == 1 and letter.occurred_at.tzinfo is not None
 
 
 def test_backoff_is_capped_jittered_and_honours_retry_after() -> None:

@@ -18,7 +18,6 @@ from dataplane_contracts.dps import (
     pull_data_address,
 )
 from dataplane_contracts.ds import AuthorizeRequest, DataplaneRowFilter, DecisionEnvelope
-from dataplane_contracts.events import DisclosureDeadLetter
 from dataplane_contracts.plans import CallerIdentity, ClaimCheck, Plan
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -85,17 +84,6 @@ def _shapes() -> dict[str, Any]:
                 "counter_party_id": "did:web:consumer.example",
                 "transfer_type": "HttpData-PULL",
             }
-        ).model_dump(mode="json"),
-        "disclosure_dead_letter": DisclosureDeadLetter(
-            reason="unroutable",
-            detail="provider not served",
-            event_id="00000000-0000-4000-8000-000000000002",
-            source_topic="dataplane.audit.disclosures",
-            source_partition=1,
-            source_offset=7,
-            key="did:web:p.example",
-            value="{}",
-            dead_lettered_at=AT,
         ).model_dump(mode="json"),
     }
 

@@ -3,11 +3,12 @@ organization or handler argument (the models forbid unknown fields)."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, Field, StrictInt, StrictStr, model_validator
 
-from dataplane_contracts.base import ContractModel, Event
+from dataplane_contracts.base import Event
 from dataplane_contracts.ds import Did
 from dataplane_contracts.errors import ErrorCode
 
@@ -73,18 +74,30 @@ DeadLetterReason = Literal[
 ]
 
 
-class DisclosureDeadLetter(ContractModel):
+class DisclosureDeadLetter(Event):
     """audit-relay → operators, on `dataplane.audit.disclosures.dlq`: why a disclosure was not
     delivered, and the original record to replay. `detail` never quotes the value; a subject that
-    is not a DID (possibly an email) is redacted out of `value` before it is written."""
+    is not a DID (possibly an email) is redacted out of `value` before it is written.
+
+    An event like the others: `occurred_at` is when it was dead-lettered. Its `event_id` is derived
+    from the record's place (`dead_letter_id`), so the same record dead-lettered twice (a relay
+    that crashed before committing) gives two copies with one id. `source_event_id` is the
+    dead-lettered record's own id, when one could be read."""
 
     reason: DeadLetterReason
     detail: StrictStr
-    event_id: StrictStr | None
+    source_event_id: StrictStr | None
     source_topic: StrictStr
     source_partition: StrictInt
     source_offset: StrictInt
     key: StrictStr | None
     value: StrictStr | None
     ds_status: StrictInt | None = None
-    dead_lettered_at: AwareDatetime
+
+
+_DEAD_LETTER_NAMESPACE = uuid.UUID("6f1c2a57-3b0e-4d8a-9c41-2e7d5b9f0a13")
+
+
+def dead_letter_id(source_topic: str, source_partition: int, source_offset: int) -> uuid.UUID:
+    """The dead letter's event id: one per source record, whoever writes it and however often."""
+    return uuid.uuid5(_DEAD_LETTER_NAMESPACE, f"{source_topic}/{source_partition}/{source_offset}")

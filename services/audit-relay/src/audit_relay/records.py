@@ -12,7 +12,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from dataplane_contracts.ds import AuditQueryBody, is_did
-from dataplane_contracts.events import DeadLetterReason, DisclosureDeadLetter, DisclosureRecorded
+from dataplane_contracts.events import (
+    DeadLetterReason,
+    DisclosureDeadLetter,
+    DisclosureRecorded,
+    dead_letter_id,
+)
 
 
 @dataclass(frozen=True)
@@ -105,15 +110,16 @@ def dead_letter(
     if rejected.reason == "non_did_subject":
         value = _redact_subjects(value)
     record = DisclosureDeadLetter(
+        event_id=dead_letter_id(topic, partition, offset),
+        occurred_at=datetime.now(UTC),
         reason=rejected.reason,
         detail=rejected.detail,
-        event_id=rejected.event_id,
+        source_event_id=rejected.event_id,
         source_topic=topic,
         source_partition=partition,
         source_offset=offset,
         key=_text(key),
         value=_text(value),
         ds_status=ds_status,
-        dead_lettered_at=datetime.now(UTC),
     )
     return record.model_dump_json().encode()
