@@ -27,9 +27,13 @@ from gateway_support import (
     CLIENT_ID,
     CLIENT_SECRET,
     SEED,
+    FakeResolver,
     TopicTail,
     World,
     ds_policy,
+    extended_catalogue,
+    fake_resolver,
+    flush_plan_cache,
     running_gateway,
 )
 
@@ -110,3 +114,27 @@ def ds(world: World) -> Iterator[DsConnectorDouble]:
 async def disclosures(world: World) -> AsyncIterator[TopicTail]:
     async with TopicTail(world.kafka, AUDIT_DISCLOSURES) as tail:
         yield tail
+
+
+@pytest.fixture(scope="session")
+async def extended_client(
+    world: World, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[httpx.AsyncClient]:
+    """A gateway over the shared catalogue plus `EXTRA_DATASETS`."""
+    path = extended_catalogue(tmp_path_factory.mktemp("catalogue"))
+    async with running_gateway(world.settings(catalogue_path=path)) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+async def resolver(world: World) -> AsyncIterator[FakeResolver]:
+    async with fake_resolver(world) as state:
+        yield state
+
+
+@pytest.fixture
+async def flushed(world: World, resolver: FakeResolver) -> FakeResolver:
+    """The resolver double with an empty shared plan cache and no recorded requests."""
+    await flush_plan_cache(world)
+    resolver.reset()
+    return resolver

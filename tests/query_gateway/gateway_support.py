@@ -5,14 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-from aiokafka import AIOKafkaConsumer, TopicPartition
+import redis.asyncio as aioredis
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
 
+from dataplane_contracts.events import PlanRequest, PlanResolved
+from dataplane_contracts.plans import ClaimCheck, Plan, redis_claim_key, redis_one_shot_key, redis_plan_key
+from dataplane_contracts.topics import PLAN_REQUESTS
 from dataplane_local.doubles.ds_connector import DsConnectorDouble
 from dataplane_local.doubles.oidc import OidcIssuer
 from query_gateway.app import create_app
@@ -136,8 +142,180 @@ class TopicTail:
                     out.extend(records)
         return out
 
+    async def read_where(
+        self, count: int, predicate: Callable[[Any], bool], timeout: float = 20.0
+    ) -> list[Any]:
+        """The first `count` records that satisfy `predicate` (others on the topic are skipped)."""
+        assert self._consumer is not None
+        out: list[Any] = []
+        async with asyncio.timeout(timeout):
+            while len(out) < count:
+                batches = await self._consumer.getmany(timeout_ms=200)
+                out.extend(r for records in batches.values() for r in records if predicate(r))
+        return out
+
     async def quiet(self, wait: float = 0.5) -> list[Any]:
         """Whatever arrives within `wait` seconds (used to prove nothing was published)."""
         assert self._consumer is not None
         batches = await self._consumer.getmany(timeout_ms=int(wait * 1000))
         return [r for records in batches.values() for r in records]
+
+
+# ---------------------------------------------------------------------------- extended catalogue
+# Datasets only a few clauses need, appended to the shared catalogue for a dedicated gateway (the
+# shared one keeps its catalogue): a filter without `column`, two ids one suffix reference
+# cannot tell apart, and caller-owned rows offered in the dataspace.
+EXTRA_DATASETS = """
+  - id: no_column           # RF-04: a subject_key_match without column
+    table: readings
+    access_level: open
+    expose: true
+    dataspace_expose: true
+    row_filters:
+      person: {handler: subject_key_match, args: {key_type: pod}}
+      organization: {handler: allow_all, binds: organization}
+  - id: north.energy.stats  # `energy.stats` names both: ambiguous
+    table: public.stats
+    access_level: open
+    expose: true
+    row_filters:
+      person: {handler: allow_all, binds: person}
+      organization: {handler: allow_all, binds: organization}
+  - id: south.energy.stats
+    table: public.stats
+    access_level: open
+    expose: true
+    row_filters:
+      person: {handler: allow_all, binds: person}
+      organization: {handler: allow_all, binds: organization}
+  - id: shared_notes        # direct_user_match on the dataspace path
+    table: notes
+    access_level: open
+    expose: true
+    dataspace_expose: true
+    row_filters:
+      person: {handler: direct_user_match, args: {column: owner}}
+      organization: {handler: allow_all, binds: organization}
+"""
+
+
+def extended_catalogue(directory: Path) -> str:
+    path = directory / "catalogue-extended.yaml"
+    path.write_text(CATALOGUE.read_text().rstrip("\n") + "\n" + EXTRA_DATASETS)
+    return str(path)
+
+
+# ---------------------------------------------------------------------------- metrics
+def metric(client_text: str, name: str, **labels: str) -> float:
+    """One sample of the Prometheus text; 0.0 when the labelled series does not exist yet."""
+    for family in text_string_to_metric_families(client_text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return float(sample.value)
+    return 0.0
+
+
+async def scrape(client: httpx.AsyncClient) -> str:
+    response = await client.get("/metrics")
+    assert response.status_code == 200
+    return response.text
+
+
+# ---------------------------------------------------------------------------- resolver double
+# Whose pods a lookup handler finds: by the caller's username (self-service) or by each named
+# principal (delegated). A protocol double of the filter-resolver; the real one has its own tests.
+OWNED = {"name-of-user-1": ["pod-2"], "name-of-user-2": ["pod-1", "pod-3"], "dora-principal": ["pod-2"]}
+
+
+@dataclass
+class FakeResolver:
+    mode: str = "cached"  # cached | one_shot | error | silent
+    requests: list[bytes] = field(default_factory=list)
+    claims: list[ClaimCheck] = field(default_factory=list)
+
+    def reset(self) -> None:
+        self.mode = "cached"
+        self.requests.clear()
+        self.claims.clear()
+
+
+def _owned(claim: ClaimCheck) -> list[str]:
+    if claim.principals is not None:  # delegated (RF-05): exactly the named principals' pods
+        return sorted({pod for p in claim.principals for pod in OWNED.get(p, [])})
+    username = claim.caller.username if claim.caller else None
+    return OWNED.get(username or "", [])
+
+
+@contextlib.asynccontextmanager
+async def fake_resolver(world: World) -> AsyncIterator[FakeResolver]:
+    """Consumes dataplane.plan.requests from its end and answers by the contract."""
+    state = FakeResolver()
+    redis = aioredis.from_url(world.redis_url)
+    producer = AIOKafkaProducer(bootstrap_servers=world.kafka, enable_idempotence=False)
+    consumer = AIOKafkaConsumer(bootstrap_servers=world.kafka, group_id=None, fetch_max_wait_ms=10)
+    await producer.start()
+    await consumer.start()
+    tps = [TopicPartition(PLAN_REQUESTS, p) for p in sorted(await producer.partitions_for(PLAN_REQUESTS))]
+    consumer.assign(tps)
+    await consumer.seek_to_end(*tps)
+    for tp in tps:
+        await consumer.position(tp)
+
+    async def answer(raw: bytes) -> None:
+        state.requests.append(raw)
+        req = PlanRequest.model_validate_json(raw)
+        claim = ClaimCheck.model_validate_json(await redis.getdel(redis_claim_key(req.claim_check_id)))
+        state.claims.append(claim)
+        if state.mode == "silent":
+            return
+        plan = Plan.among(str(claim.args["column"]), _owned(claim), label="pod keys")
+        reply: PlanResolved
+        if state.mode == "error":
+            reply = PlanResolved(
+                correlation_id=req.correlation_id,
+                cache_key=req.cache_key,
+                outcome="error",
+                error_code="row_filter_unavailable",
+                error_detail="registry unreachable",
+            )
+        elif state.mode == "one_shot":
+            once = uuid.uuid4().hex
+            await redis.set(redis_one_shot_key(once), plan.model_dump_json(), ex=30)
+            reply = PlanResolved(
+                correlation_id=req.correlation_id,
+                cache_key=req.cache_key,
+                outcome="one_shot",
+                one_shot_id=once,
+            )
+        else:
+            await redis.set(redis_plan_key(req.cache_key), plan.model_dump_json(), ex=60)
+            reply = PlanResolved(correlation_id=req.correlation_id, cache_key=req.cache_key, outcome="cached")
+        await producer.send_and_wait(
+            req.reply_topic, reply.model_dump_json().encode(), partition=req.reply_partition
+        )
+
+    async def loop() -> None:
+        while True:
+            batches = await consumer.getmany(timeout_ms=200)
+            for records in batches.values():
+                for record in records:
+                    await answer(record.value)
+
+    task = asyncio.create_task(loop())
+    try:
+        yield state
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await consumer.stop()
+        await producer.stop()
+        await redis.aclose()
+
+
+async def flush_plan_cache(world: World) -> None:
+    """Empties the shared Redis tier (the in-process tier belongs to each gateway)."""
+    redis = aioredis.from_url(world.redis_url)
+    for key in [k async for k in redis.scan_iter("dataplane:*")]:
+        await redis.delete(key)
+    await redis.aclose()

@@ -5,6 +5,7 @@ counter_party_id)."""
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -111,7 +112,11 @@ async def test_dps09_the_token_is_read_with_or_without_bearer(
 ) -> None:
     ds.set_policy(ds_policy(["stats"]))
     jti = await grant(flows_url)
-    assert (await pull(pull_client, f"Bearer {pull_token(jti)}")).status_code == 200
+    token = pull_token(jti)
+    for authorization in (token, f"Bearer {token}", f"bearer  {token} "):
+        r = await pull(pull_client, authorization)
+        assert r.status_code == 200, r.text
+        assert r.json()["items"] == [{"id": 1}, {"id": 2}]
 
 
 async def test_dps09_no_valid_token_no_rows(pull_client: httpx.AsyncClient, ds: DsConnectorDouble) -> None:
@@ -170,3 +175,92 @@ async def test_dps09_an_agreement_header_naming_another_agreement_is_403(
 async def test_dps01_the_pull_route_is_absent_without_dps(client: httpx.AsyncClient) -> None:
     r = await client.post("/dps/public/query", json={"sql": "SELECT id FROM stats"})
     assert r.status_code == 404
+
+
+def audit_records(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
+    return [r.msg for r in caplog.records if r.name == "dataplane.audit" and isinstance(r.msg, dict)]
+
+
+async def test_gs01_a_pull_records_the_consumer_the_flows_agreement_and_the_decision(
+    pull_client: httpx.AsyncClient, flows_url: str, ds: DsConnectorDouble, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="dataplane.audit")
+    ds.set_policy(ds_policy(["stats"]))
+    jti = await grant(flows_url)
+    token = pull_token(jti)
+    r = await pull(pull_client, token, **{"X-Request-ID": "req-pull"})
+    assert r.json()["items"] == [{"id": 1}, {"id": 2}], r.text
+    [call] = ds.calls("authorize")
+    [rec] = audit_records(caplog)
+    assert (rec["event"], rec["action"], rec["route"], rec["resource"], rec["outcome"]) == (
+        "access",
+        "dataset.query",
+        "/dps/public/query",
+        "stats",
+        "allowed",
+    )
+    assert rec["sub"] == CONSUMER and rec["client_id"] == CONSUMER
+    assert rec["agreement_id"] == AGREEMENT  # the flow's, with no agreement header sent
+    assert rec["decision_ref"] == ds.decide("", call.body)["decision_ref"]
+    assert rec["request_id"] == "req-pull"
+    for secret in (token, token.split(".")[1], jti):
+        assert secret not in repr(rec)
+
+
+async def test_gs02_a_refused_pull_names_the_consumer_only_once_the_token_verified(
+    pull_client: httpx.AsyncClient, flows_url: str, ds: DsConnectorDouble, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="dataplane.audit")
+    refused(await pull(pull_client, "junk"), 401, "pull_token")
+    [rec] = audit_records(caplog)
+    assert (rec["event"], rec["reason"], rec["resource"], rec["sub"]) == ("denied", "pull_token", None, None)
+    caplog.clear()
+    jti = await grant(flows_url)
+    refused(
+        await pull(pull_client, pull_token(jti), **{"Edc-Contract-Agreement-Id": "agr-x"}),
+        403,
+        "agreement_mismatch",
+    )
+    [rec] = audit_records(caplog)
+    assert (rec["event"], rec["reason"], rec["sub"]) == ("denied", "agreement_mismatch", CONSUMER)
+    # the flow's agreement, not the header's; ds was not asked, so no decision
+    assert rec["agreement_id"] == AGREEMENT and "decision_ref" not in rec
+    caplog.clear()
+    stopped = await grant(flows_url, state="SUSPENDED")
+    refused(await pull(pull_client, pull_token(stopped)), 403, "flow_not_started")
+    [rec] = audit_records(caplog)
+    assert (rec["reason"], rec["sub"], rec["agreement_id"]) == ("flow_not_started", CONSUMER, AGREEMENT)
+    caplog.clear()
+    # a live token that is not the flow's names nobody: its audience is not the flow's consumer
+    refused(await pull(pull_client, pull_token(jti, aud="did:web:someone-else")), 401, "pull_token")
+    [rec] = audit_records(caplog)
+    assert (rec["reason"], rec["sub"]) == ("pull_token", None)
+    assert "someone-else" not in repr(rec)
+    assert ds.calls("authorize") == []
+
+
+async def test_rf08_captured_debug_logs_of_a_pull_carry_no_key_principal_or_token(
+    pull_client: httpx.AsyncClient, flows_url: str, ds: DsConnectorDouble, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    rf = {
+        "handler": "subject_key_match",
+        "args": {"column": "pod", "key_type": "pod"},
+        "keys": ["pod:pod-3"],
+        "principals": ["erin-principal"],
+        "subject_dids": ["did:web:erin.example"],
+    }
+    ds.set_policy(ds_policy([{"dataset_id": "readings", "row_filter": rf}]))
+    jti = await grant(flows_url, dataset_id="readings")
+    token = pull_token(jti)
+    r = await pull_client.post(
+        "/dps/public/query",
+        json={"sql": "SELECT id, pod FROM readings ORDER BY id"},
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    assert r.json()["items"] == [{"id": 3, "pod": "pod-3"}], r.text
+    text = "\n".join(f"{rec.getMessage()} {rec.msg!r} {rec.args!r}" for rec in caplog.records)
+    assert "narrowed statement withheld" in text  # DEBUG lines of this request were captured
+    # the token (whole, its claims segment and its id), the key and the principal
+    for secret in (token, token.split(".")[1], jti, "pod-3", "erin-principal"):
+        assert secret not in text

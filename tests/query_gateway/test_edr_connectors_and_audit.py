@@ -32,11 +32,21 @@ async def test_each_provider_is_served_by_its_own_connector_and_an_unlisted_one_
     ) as c:
         r = await c.post(
             "/query",
-            json={"sql": "SELECT id FROM stats"},
+            json={"sql": "SELECT id FROM stats ORDER BY id"},
             headers=headers(ds.mint_edr(CONSUMER, AGREEMENT, participant="other")),
         )
         assert r.status_code == 200, r.text
+        assert r.json()["items"] == [{"id": 1}, {"id": 2}]
         assert [call.participant for call in ds.calls("authorize")] == ["other"]
+        # the root provider's token goes to the root connector, with the same rows
+        r = await c.post(
+            "/query",
+            json={"sql": "SELECT id FROM stats ORDER BY id"},
+            headers=headers(ds.mint_edr(CONSUMER, AGREEMENT)),
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["items"] == [{"id": 1}, {"id": 2}]
+        assert [call.participant for call in ds.calls("authorize")] == ["other", ""]
     async with running_gateway(
         world.settings(connector_internal_urls=json.dumps({PROVIDER: world.ds_url}))
     ) as c:

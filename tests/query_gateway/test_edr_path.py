@@ -4,10 +4,12 @@ connector double, with the disclosure read back from the broker."""
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import httpx
-from gateway_support import AGREEMENT, CONSUMER, PROVIDER, TopicTail, World, ds_policy
+import pytest
+from gateway_support import AGREEMENT, CONSUMER, PROVIDER, FakeResolver, TopicTail, World, ds_policy
 
 from dataplane_local.doubles.ds_connector import DsConnectorDouble
 
@@ -170,6 +172,7 @@ async def test_rf02_an_untouched_datasets_filter_is_not_parsed(
     ds.set_fault(endpoint="authorize", status=200, body=answer)
     r = await edr_query(client, world, "SELECT id FROM stats ORDER BY id")
     assert r.status_code == 200, r.text
+    assert r.json()["items"] == [{"id": 1}, {"id": 2}]
 
 
 async def test_rf06_an_unknown_handler_is_403_row_filter_unenforceable(
@@ -266,11 +269,9 @@ async def test_without_the_agreement_header_the_edr_token_goes_to_the_oidc_check
 
 
 async def test_a_lost_row_filter_value_is_never_logged(
-    client: httpx.AsyncClient, world: World, ds: DsConnectorDouble, caplog: Any
+    client: httpx.AsyncClient, world: World, ds: DsConnectorDouble, caplog: pytest.LogCaptureFixture
 ) -> None:
     """RF-08: captured DEBUG logs of a dataspace query carry no key, principal or token."""
-    import logging
-
     caplog.set_level(logging.DEBUG)
     rf = {
         **SKM,
@@ -286,3 +287,58 @@ async def test_a_lost_row_filter_value_is_never_logged(
     assert "narrowed statement withheld" in text  # the logs were captured
     for secret in ("pod-2", "carol-principal", token, token.split(".")[1]):
         assert secret not in text
+
+
+def captured_text(caplog: pytest.LogCaptureFixture) -> str:
+    return "\n".join(f"{rec.getMessage()} {rec.msg!r} {rec.args!r}" for rec in caplog.records)
+
+
+async def test_rf08_a_lookup_handlers_dataspace_query_logs_no_key_principal_or_token(
+    client: httpx.AsyncClient,
+    world: World,
+    ds: DsConnectorDouble,
+    flushed: FakeResolver,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The delegated principals travel to the resolver in the claim check, never into a log."""
+    caplog.set_level(logging.DEBUG)
+    rf = {
+        "handler": "rec_registry",
+        "args": {"column": "pod"},
+        "principals": ["dora-principal"],
+        "keys": ["pod:pod-9"],
+        "subject_dids": ["did:web:dora.example"],
+    }
+    ds.set_policy(ds_policy([{"dataset_id": "registry", "row_filter": rf}]))
+    token = world.edr()
+    r = await edr_query(client, world, "SELECT id, pod FROM registry ORDER BY id", token)
+    # the resolver double finds dora's pod: exactly that row
+    assert r.json()["items"] == [{"id": 2, "pod": "pod-2"}], r.text
+    [claim] = flushed.claims
+    assert claim.principals == ("dora-principal",) and claim.caller is None  # delegated
+    text = captured_text(caplog)
+    assert "narrowed statement withheld" in text  # DEBUG lines of this request were captured
+    for secret in ("dora-principal", "pod-2", "pod-9", token, token.split(".")[1]):
+        assert secret not in text
+
+
+async def test_rf05_direct_user_match_delegated_to_nobody_serves_no_rows(
+    extended_client: httpx.AsyncClient, world: World, ds: DsConnectorDouble
+) -> None:
+    rf = {"handler": "direct_user_match", "args": {"column": "owner"}, "principals": []}
+    ds.set_policy(ds_policy([{"dataset_id": "shared_notes", "row_filter": rf}]))
+    r = await edr_query(extended_client, world, "SELECT id FROM shared_notes ORDER BY id")
+    assert r.status_code == 200, r.text
+    assert r.json()["items"] == [] and r.json()["total"] == 0
+
+
+async def test_rf05_direct_user_match_delegated_serves_exactly_the_named_principals_rows(
+    extended_client: httpx.AsyncClient, world: World, ds: DsConnectorDouble
+) -> None:
+    cases = {("user-2",): [2], ("user-1",): [1, 3], ("user-1", "user-2"): [1, 2, 3], ("nobody",): []}
+    for principals, expected in cases.items():
+        rf = {"handler": "direct_user_match", "args": {"column": "owner"}, "principals": list(principals)}
+        ds.set_policy(ds_policy([{"dataset_id": "shared_notes", "row_filter": rf}]))
+        r = await edr_query(extended_client, world, "SELECT id FROM shared_notes ORDER BY id")
+        assert r.status_code == 200, r.text
+        assert [row["id"] for row in r.json()["items"]] == expected, principals

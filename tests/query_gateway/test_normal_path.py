@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
-from gateway_support import World
+from gateway_support import FakeResolver, World
 
 VIEWER_A = {"organization": {"org-a": {"type": ["rec"], "groups": ["/viewers"]}}}
 ADMIN_ROLE = {"realm_access": {"roles": ["platform-admin"]}}
@@ -191,3 +191,42 @@ async def test_query_plan_labels_parameters_and_never_shows_values(
 
 async def test_query_plan_has_the_same_authentication(client: httpx.AsyncClient) -> None:
     refused(await client.post("/query/plan", json={"sql": "SELECT id FROM notes"}), 401, "auth_required")
+
+
+async def test_query_plan_refuses_by_policy_exactly_as_query_does(
+    client: httpx.AsyncClient, world: World
+) -> None:
+    token = world.user_token(**VIEWER_A)
+    headers = {"Authorization": f"Bearer {token}"}
+    for sql in ("SELECT id FROM unscoped", "SELECT id FROM restricted_ds"):
+        query = await client.post("/query", json={"sql": sql}, headers=headers)
+        plan = await client.post("/query/plan", json={"sql": sql}, headers=headers)
+        refused(plan, 403, "policy")
+        assert plan.json() == query.json()
+
+
+async def test_query_plan_executes_nothing(client: httpx.AsyncClient) -> None:
+    # executed, this statement fails in the database on its first row (division by zero)
+    sql = "SELECT id / (id - id) AS boom FROM stats"
+    refused(await client.post("/query", json={"sql": sql}), 400, "query_failed")
+    r = await client.post("/query/plan", json={"sql": sql})
+    assert r.status_code == 200, r.text
+    assert "items" not in r.json() and "boom" in r.json()["sql"]
+
+
+async def test_query_plan_labels_a_lookup_plans_values_by_count_never_by_value(
+    client: httpx.AsyncClient, world: World, flushed: FakeResolver
+) -> None:
+    token = world.user_token("user-2")  # the resolver double finds pod-1 and pod-3
+    r = await client.post(
+        "/query/plan", json={"sql": "SELECT id FROM registry"}, headers={"Authorization": f"Bearer {token}"}
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["params"] == [{"param": "$1", "label": "pod keys (2 values)"}]
+    assert "$1" in body["sql"] and body["denied"] is False
+    for value in ("pod-1", "pod-3"):
+        assert value not in r.text
+    # the same caller's /query reads exactly those rows: the labels describe the real plan
+    rows = await post(client, "SELECT id FROM registry ORDER BY id", token)
+    assert ids(rows) == [1, 3]

@@ -8,113 +8,19 @@ contract; the real resolver is tested with its own service."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
-import pytest
-import redis.asyncio as aioredis
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from gateway_support import World
+from gateway_support import FakeResolver, World
 
-from dataplane_contracts.events import PlanRequest, PlanResolved
-from dataplane_contracts.plans import ClaimCheck, Plan, redis_claim_key, redis_one_shot_key, redis_plan_key
-from dataplane_contracts.topics import PLAN_REQUESTS
-
-OWNED = {"name-of-user-1": ["pod-2"], "name-of-user-2": ["pod-1", "pod-3"]}
-
-
-@dataclass
-class FakeResolver:
-    mode: str = "cached"  # cached | one_shot | error | silent
-    requests: list[bytes] = field(default_factory=list)
-    claims: list[ClaimCheck] = field(default_factory=list)
-
-
-@pytest.fixture(scope="module")
-async def resolver(world: World) -> AsyncIterator[FakeResolver]:
-    state = FakeResolver()
-    redis = aioredis.from_url(world.redis_url)
-    producer = AIOKafkaProducer(bootstrap_servers=world.kafka, enable_idempotence=False)
-    consumer = AIOKafkaConsumer(bootstrap_servers=world.kafka, group_id=None, fetch_max_wait_ms=10)
-    await producer.start()
-    await consumer.start()
-    tps = [TopicPartition(PLAN_REQUESTS, p) for p in sorted(await producer.partitions_for(PLAN_REQUESTS))]
-    consumer.assign(tps)
-    await consumer.seek_to_end(*tps)
-    for tp in tps:
-        await consumer.position(tp)
-
-    async def answer(raw: bytes) -> None:
-        state.requests.append(raw)
-        req = PlanRequest.model_validate_json(raw)
-        claim = ClaimCheck.model_validate_json(await redis.getdel(redis_claim_key(req.claim_check_id)))
-        state.claims.append(claim)
-        if state.mode == "silent":
-            return
-        username = claim.caller.username if claim.caller else None
-        plan = Plan.among(str(claim.args["column"]), OWNED.get(username or "", []), label="pod keys")
-        reply: PlanResolved
-        if state.mode == "error":
-            reply = PlanResolved(
-                correlation_id=req.correlation_id,
-                cache_key=req.cache_key,
-                outcome="error",
-                error_code="row_filter_unavailable",
-                error_detail="registry unreachable",
-            )
-        elif state.mode == "one_shot":
-            once = uuid.uuid4().hex
-            await redis.set(redis_one_shot_key(once), plan.model_dump_json(), ex=30)
-            reply = PlanResolved(
-                correlation_id=req.correlation_id,
-                cache_key=req.cache_key,
-                outcome="one_shot",
-                one_shot_id=once,
-            )
-        else:
-            await redis.set(redis_plan_key(req.cache_key), plan.model_dump_json(), ex=60)
-            reply = PlanResolved(correlation_id=req.correlation_id, cache_key=req.cache_key, outcome="cached")
-        await producer.send_and_wait(
-            req.reply_topic, reply.model_dump_json().encode(), partition=req.reply_partition
-        )
-
-    async def loop() -> None:
-        while True:
-            batches = await consumer.getmany(timeout_ms=200)
-            for records in batches.values():
-                for record in records:
-                    await answer(record.value)
-
-    task = asyncio.create_task(loop())
-    yield state
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    await consumer.stop()
-    await producer.stop()
-    await redis.aclose()
+from dataplane_local import infra
 
 
 async def query(
     client: httpx.AsyncClient, token: str, sql: str = "SELECT id FROM registry ORDER BY id"
 ) -> httpx.Response:
     return await client.post("/query", json={"sql": sql}, headers={"Authorization": f"Bearer {token}"})
-
-
-@pytest.fixture
-async def flushed(world: World, resolver: FakeResolver) -> FakeResolver:
-    redis = aioredis.from_url(world.redis_url)
-    for key in [k async for k in redis.scan_iter("dataplane:*")]:
-        await redis.delete(key)
-    await redis.aclose()
-    resolver.mode = "cached"
-    resolver.requests.clear()
-    resolver.claims.clear()
-    return resolver
 
 
 async def test_a_lookup_plan_is_resolved_once_then_served_from_the_cache(
@@ -202,3 +108,24 @@ async def test_the_gateway_is_ready_once_its_reply_partition_is_positioned(world
     async with running_gateway(world.settings()) as client:
         r = await client.get("/readyz")
     assert r.status_code == 200, r.text
+
+
+async def test_redis_down_is_503_row_filter_unavailable_never_no_filter(
+    world: World, flushed: FakeResolver, tmp_path: Path
+) -> None:
+    """Error table: the plan cache tier unreachable fails closed, before anything is asked."""
+    from gateway_support import running_gateway
+
+    redis = infra.start_redis(tmp_path / "redis")
+    try:
+        async with running_gateway(world.settings(redis_url=redis.url)) as client:
+            redis.stop()
+            r = await query(client, world.user_token("user-2"))
+            public = await client.post("/query", json={"sql": "SELECT id FROM stats ORDER BY id"})
+    finally:
+        redis.stop()
+    assert r.status_code == 503, r.text
+    assert r.json() == {"error": "row_filter_unavailable", "detail": "plan cache unavailable"}
+    assert flushed.requests == []  # refused at the cache tier: no plan was requested either
+    # losing Redis loses only the cache of lookups: a dataset needing no lookup is still served
+    assert [row["id"] for row in public.json()["items"]] == [1, 2]

@@ -11,6 +11,10 @@ from typing import Any
 from dataplane_service_kit.logs import get_logger
 
 AUDIT_LOGGER = "dataplane.audit"
+QUERY_ACTION = "dataset.query"
+# GS-02: a bearer that does not verify is refused as a token check, not as a dataset read — no
+# caller is known yet, and no dataset has been judged
+TOKEN_ACTION = "auth.token"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 log = get_logger(AUDIT_LOGGER)
@@ -35,6 +39,7 @@ class AccessContext:
     decision_ref: str | None = None
     touched: list[str] = field(default_factory=list)  # datasets the statement resolved to
     current: str | None = None  # the dataset being judged when a refusal is raised
+    action: str = QUERY_ACTION
 
     def failed(self, code: str, status: int) -> None:
         """A refusal (401/403) is `denied`; anything else an `error`, with its code as reason."""
@@ -54,7 +59,7 @@ class AccessContext:
             "sub": self.sub,
             "client_id": self.client_id,
             "service_account": self.service_account,
-            "action": "dataset.query",
+            "action": self.action,
             "method": self.method,
             "route": self.route,
             "resource": resource,

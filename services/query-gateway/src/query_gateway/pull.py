@@ -3,6 +3,7 @@ view on every request (never cached: a retired token is refused from the moment 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import asyncpg
@@ -82,16 +83,28 @@ class PullVerifier:
             return None
         return PullGrant(**{k: str(row[k]) for k in row.keys()})  # noqa: SIM118 - asyncpg Record
 
-    async def verify(self, header: str | None, agreement_header: str | None) -> VerifiedPull:
+    async def verify(
+        self,
+        header: str | None,
+        agreement_header: str | None,
+        identified: Callable[[str, str], None] | None = None,
+    ) -> VerifiedPull:
         """DPS-09 refusals, in order: 401 pull_token (no/invalid/not live token), 403
-        flow_not_started, 401 pull_token (aud/iss ≠ flow), 403 agreement_mismatch."""
+        flow_not_started, 401 pull_token (aud/iss ≠ flow), 403 agreement_mismatch.
+
+        `identified(consumer, agreement_id)` is called as soon as the token is known to be its
+        flow's live one, before the flow's state and the agreement header are judged: those
+        refusals are then recorded against the consumer and the flow's agreement (GS-02)."""
         claims = self.claims(pull_token_of(header))
         grant = await self.grant(claims.jti)
         if grant is None:
             raise ServiceError("pull_token", "pull token is not live")
+        matches = claims.aud == grant.counter_party_id and claims.iss == grant.participant_id
+        if matches and identified is not None:
+            identified(claims.aud, grant.agreement_id)
         if grant.state != FlowState.STARTED.value:
             raise ServiceError("flow_not_started", f"data flow is {grant.state}")
-        if claims.aud != grant.counter_party_id or claims.iss != grant.participant_id:
+        if not matches:
             raise ServiceError("pull_token", "pull token does not match its data flow")
         if agreement_header and agreement_header != grant.agreement_id:
             raise ServiceError("agreement_mismatch", "the agreement header does not match the data flow")

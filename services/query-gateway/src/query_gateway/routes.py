@@ -6,14 +6,14 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse
 
 from dataplane_service_kit.errors import ServiceError
 from dataplane_service_kit.logs import get_logger
-from query_gateway.access_log import AccessContext
+from query_gateway.access_log import QUERY_ACTION, TOKEN_ACTION, AccessContext
 from query_gateway.connector import resolve_connector
 from query_gateway.dataspace import DataspaceRequest, parse_purpose, run_dataspace
 from query_gateway.gateway import Gateway, QueryBody
@@ -25,6 +25,7 @@ log = get_logger("query_gateway.routes")
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
 
 OptHeader = Annotated[str | None, Header()]
+T = TypeVar("T")
 
 
 def _context(request: Request, route: str) -> AccessContext:
@@ -56,13 +57,26 @@ async def _guarded(
     return JSONResponse(body, headers={"X-Request-ID": ctx.request_id})
 
 
-async def _caller(gw: Gateway, authorization: str | None, ctx: AccessContext) -> Caller | None:
-    if authorization is None or not authorization.strip():
-        return None
+async def _token_check(ctx: AccessContext, check: Awaitable[T]) -> T:
+    """GS-02: while a bearer is being verified, a refusal is recorded as `auth.token` (no caller,
+    no dataset); once it verified, the request is a dataset read again."""
+    ctx.action = TOKEN_ACTION
+    verified = await check
+    ctx.action = QUERY_ACTION
+    return verified
+
+
+async def _verify_oidc(gw: Gateway, authorization: str) -> Caller:
     token = bearer(authorization)
     if token is None:
         raise ServiceError("invalid_token", "bearer token is not valid")
-    caller = await gw.oidc.verify(token)
+    return await gw.oidc.verify(token)
+
+
+async def _caller(gw: Gateway, authorization: str | None, ctx: AccessContext) -> Caller | None:
+    if authorization is None or not authorization.strip():
+        return None
+    caller = await _token_check(ctx, _verify_oidc(gw, authorization))
     ctx.sub, ctx.client_id, ctx.service_account = caller.sub, caller.client_id, caller.service_account
     return caller
 
@@ -87,7 +101,9 @@ def query_router() -> APIRouter:
             # dataspace mode: the bearer is an EDR token and never reaches the OIDC issuer
 
             async def edr() -> dict[str, object]:
-                identity = await gw.connector.verify_edr(bearer(authorization) if authorization else None)
+                identity = await _token_check(
+                    ctx, gw.connector.verify_edr(bearer(authorization) if authorization else None)
+                )
                 req = DataspaceRequest(
                     consumer=identity.consumer,
                     provider=identity.provider,
@@ -136,8 +152,14 @@ def dps_router() -> APIRouter:
 
         async def pull() -> dict[str, object]:
             assert gw.pull is not None  # mounted only with DPS_ENABLED
-            grant = await gw.pull.verify(authorization, (edc_contract_agreement_id or "").strip() or None)
-            ctx.sub = ctx.client_id = grant.consumer
+
+            def identified(consumer: str, agreement_id: str) -> None:
+                ctx.sub = ctx.client_id = consumer
+                ctx.agreement_id = agreement_id
+
+            grant = await gw.pull.verify(
+                authorization, (edc_contract_agreement_id or "").strip() or None, identified
+            )
             req = DataspaceRequest(
                 consumer=grant.consumer,
                 provider=grant.provider,

@@ -16,6 +16,8 @@ Policy (YAML or dict; `deploy/local/ds-policy.yaml` is an example)::
       agr-demo:
         consumer: did:web:consumer.example
         cache: {ttl_seconds: 60}                  # optional, envelope default
+        partial_allow: false                      # optional; true: a per-dataset deny leaves the
+                                                  # envelope `allow` (see below)
         datasets:                                 # a list (str or {dataset_id, ...}) or a mapping
           - dataset_id: meter_readings
             decision: allow                       # allow (default) | deny
@@ -34,7 +36,10 @@ Policy (YAML or dict; `deploy/local/ds-policy.yaml` is an example)::
       require: true | jwks_url: URL | token: STATIC   (+ optional audience, required_scope)
 
 Deny when the agreement is unknown (`agreement_unknown`), the consumer is not the agreement's
-(`consumer_mismatch`), or a requested dataset is not in the agreement (`dataset_not_in_agreement`)."""
+(`consumer_mismatch`), or a requested dataset is not in the agreement (`dataset_not_in_agreement`).
+By default any per-dataset deny also denies the envelope. With `partial_allow: true` on the
+agreement, the envelope stays `allow` while a dataset's own verdict is `deny` — the answer of a
+connector that decides dataset by dataset, which a data plane must still refuse per dataset."""
 
 from __future__ import annotations
 
@@ -237,8 +242,11 @@ class DsConnectorDouble(DoubleBase):
                 refs.append(entry["decision_ref"])
             envelope["datasets"].append(verdict)
         denied = [v for v in envelope["datasets"] if v["decision"] != "allow"]
-        if denied or not dataset_ids:
-            envelope["reason"] = denied[0].get("reason", "denied") if denied else "no_datasets"
+        if not dataset_ids:
+            envelope["reason"] = "no_datasets"
+            return envelope
+        if denied and agreement.get("partial_allow") is not True:
+            envelope["reason"] = denied[0].get("reason", "denied")
             return envelope
         envelope["decision"] = "allow"
         envelope["cache"] = {"ttl_seconds": min(ttls)} if ttls else None
