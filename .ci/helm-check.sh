@@ -46,6 +46,11 @@ echo "all manifests valid"
 
 # 3. The custom resources, with the published models of the npm packages.
 echo "== npm models (@kubernetes-models/keda, @kubernetes-models/prometheus-operator)"
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  # never a silent pass: without node the ScaledObject and ServiceMonitor go unvalidated
+  echo "helm-check: node and npm are required to validate the custom resources" >&2
+  exit 1
+fi
 if [ ! -d "$validate_dir/node_modules" ]; then
   (cd "$validate_dir" && npm ci --no-audit --no-fund --loglevel=error)
 fi

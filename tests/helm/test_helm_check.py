@@ -4,6 +4,7 @@ Dockerfiles' shape, since no Docker engine can build them here."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -19,20 +20,43 @@ ROOT = Path(__file__).resolve().parents[2]
 VALIDATE = ROOT / "deploy" / "helm" / "validate"
 SERVICES = {"query-gateway": 8000, "signaling": 8001, "filter-resolver": 8002, "audit-relay": 8003}
 
-needs_node = pytest.mark.skipif(
-    shutil.which("node") is None or shutil.which("npm") is None, reason="no node/npm"
-)
+# The whole chart check's own budget, and pytest's for that test a minute above it (the global
+# `timeout = 300` in pyproject.toml would otherwise kill it first, without the script's output).
+HELM_CHECK_TIMEOUT_S = 600
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
 @pytest.fixture(scope="module")
-def node_models() -> Path:
+def node() -> None:
+    """Node.js and npm, which validate the custom resources. A developer machine without them
+    skips those tests; CI must never pass without validating the chart, so there it fails."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        if in_ci():
+            pytest.fail("node and npm are required in CI: the chart's custom resources must be validated")
+        pytest.skip("no node/npm (in CI this fails)")
+
+
+needs_node = pytest.mark.usefixtures("node")
+
+
+@pytest.fixture(scope="module")
+def node_models(node: None) -> Path:
     """The validator's node_modules, installed from its lock file as the CI script does."""
     if not (VALIDATE / "node_modules").is_dir():
-        subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=VALIDATE, check=True)
+        subprocess.run(
+            ["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+            cwd=VALIDATE,
+            check=True,
+            timeout=240,
+        )
     return VALIDATE / "validate-crds.mjs"
 
 
 @needs_node
+@pytest.mark.timeout(HELM_CHECK_TIMEOUT_S + 60)
 def test_helm_check_script_passes_on_the_chart() -> None:
     run = subprocess.run(
         ["bash", str(ROOT / ".ci" / "helm-check.sh")],
@@ -40,7 +64,7 @@ def test_helm_check_script_passes_on_the_chart() -> None:
         check=False,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=HELM_CHECK_TIMEOUT_S,
     )
     assert run.returncode == 0, run.stdout + run.stderr
     for case in ("default", "everything-enabled", "minimal"):
@@ -146,3 +170,34 @@ def test_dockerfile_locked_sync_of_one_service_non_root(service: str) -> None:
     ]
     assert entrypoint == service and entrypoint in scripts
     assert f"EXPOSE {SERVICES[service]}" in text
+
+
+@pytest.mark.parametrize(("ci", "outcome"), [("true", "1 error"), ("", "1 skipped")])
+def test_without_node_ci_fails_where_a_developer_skips(tmp_path: Path, ci: str, outcome: str) -> None:
+    """Run one node-needing test of this module with no node/npm on PATH (only the interpreter's
+    directory): skipped locally, a failure when CI is set, so CI can never skip chart validation."""
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent), "CI": ci}
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            f"{Path(__file__).resolve()}::test_crd_check_is_not_vacuous",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "-rfs",
+        ],
+        cwd=ROOT,
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert outcome in run.stdout, run.stdout + run.stderr
+    if ci:
+        assert run.returncode == 1
+        assert "node and npm are required in CI" in run.stdout
+    else:
+        assert run.returncode == 0
