@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -107,13 +108,19 @@ async def running_gateway(settings: GatewaySettings) -> AsyncIterator[httpx.Asyn
 
 
 class TopicTail:
-    """Reads a topic from its current end on every partition (manual assignment, no group)."""
+    """Reads a topic from its current end on every partition (manual assignment, no group).
+
+    Only records created after the tail opened are returned: the local broker may report an end
+    offset just short of an event acknowledged a moment earlier, which would otherwise reach the
+    next test as if it had been published there."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
         self._bootstrap, self._topic = bootstrap, topic
         self._consumer: AIOKafkaConsumer | None = None
+        self._opened_ms = 0
 
     async def __aenter__(self) -> TopicTail:
+        self._opened_ms = int(time.time() * 1000)  # producer CreateTime is wall-clock ms
         consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, group_id=None, fetch_max_wait_ms=10)
         await consumer.start()
         partitions = consumer.partitions_for_topic(self._topic)
@@ -132,15 +139,11 @@ class TopicTail:
         assert self._consumer is not None
         await self._consumer.stop()
 
+    def _fresh(self, batches: dict[Any, list[Any]]) -> list[Any]:
+        return [r for records in batches.values() for r in records if r.timestamp >= self._opened_ms]
+
     async def read(self, count: int, timeout: float = 20.0) -> list[Any]:
-        assert self._consumer is not None
-        out: list[Any] = []
-        async with asyncio.timeout(timeout):
-            while len(out) < count:
-                batches = await self._consumer.getmany(timeout_ms=200)
-                for records in batches.values():
-                    out.extend(records)
-        return out
+        return await self.read_where(count, lambda _r: True, timeout)
 
     async def read_where(
         self, count: int, predicate: Callable[[Any], bool], timeout: float = 20.0
@@ -151,14 +154,13 @@ class TopicTail:
         async with asyncio.timeout(timeout):
             while len(out) < count:
                 batches = await self._consumer.getmany(timeout_ms=200)
-                out.extend(r for records in batches.values() for r in records if predicate(r))
+                out.extend(r for r in self._fresh(batches) if predicate(r))
         return out
 
     async def quiet(self, wait: float = 0.5) -> list[Any]:
         """Whatever arrives within `wait` seconds (used to prove nothing was published)."""
         assert self._consumer is not None
-        batches = await self._consumer.getmany(timeout_ms=int(wait * 1000))
-        return [r for records in batches.values() for r in records]
+        return self._fresh(await self._consumer.getmany(timeout_ms=int(wait * 1000)))
 
 
 # ---------------------------------------------------------------------------- extended catalogue
