@@ -123,6 +123,7 @@ class Seen:
     headers: dict[str, str]
     body: bytes
     query_items: list[tuple[str, str]] = field(default_factory=list)  # repeated names kept
+    header_items: list[tuple[str, str]] = field(default_factory=list)  # likewise, names lower-cased
 
 
 @dataclass
@@ -161,6 +162,7 @@ class ListEndpoint:
                         {k.lower(): v for k, v in request.headers.items()},
                         body,
                         list(request.query_params.multi_items()),
+                        [(k.lower(), v) for k, v in request.headers.items()],
                     )
                 )
                 status, payload = self.queue.pop(0) if self.queue else self.default

@@ -107,6 +107,15 @@ async def test_forward_token(harness: Any, fresh_doubles: Any) -> None:
     assert seen.headers["authorization"] == f"Bearer {al.token}"
 
 
+async def test_forward_token_replaces_a_configured_authorization(harness: Any, fresh_doubles: Any) -> None:
+    fresh_doubles.endpoint.reset((200, ["m"]))
+    al = person(fresh_doubles.issuer, "al")
+    args = _args(fresh_doubles, forward_token=True, headers={"Authorization": "Basic c3ZjOnB3"})
+    await harness.plan(claim("http_in_list", args, caller=al))
+    (seen,) = fresh_doubles.endpoint.calls()
+    assert [v for k, v in seen.header_items if k == "authorization"] == [f"Bearer {al.token}"]
+
+
 @pytest.mark.parametrize(
     "fields",
     [{"principals": ()}, {"principals": ("u-1",)}, {"keys": ("pod:IT001",)}],

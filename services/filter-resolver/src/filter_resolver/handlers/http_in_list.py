@@ -80,6 +80,8 @@ class _Request:
         if _flag(args, "forward_token", False):
             if not caller.token:
                 raise invalid(f"{NAME}: forward_token is set but the request carries no token")
+            # replaces a configured one whatever its case: two would reach the endpoint otherwise
+            self.headers = {k: v for k, v in self.headers.items() if k.lower() != "authorization"}
             self.headers["authorization"] = f"Bearer {caller.token}"
 
     def build(self, http: httpx.AsyncClient) -> httpx.Request:
