@@ -15,9 +15,11 @@ from dataplane_contracts.dps import (
     DataFlowStatusMessage,
     DataPlaneRegistrationMessage,
     FlowStateChanged,
+    PullTokenClaims,
     pull_data_address,
 )
 from dataplane_contracts.ds import AuthorizeRequest, DataplaneRowFilter, DecisionEnvelope
+from dataplane_contracts.errors import ErrorBody
 from dataplane_contracts.plans import CallerIdentity, ClaimCheck, Plan
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -85,6 +87,18 @@ def _shapes() -> dict[str, Any]:
                 "transfer_type": "HttpData-PULL",
             }
         ).model_dump(mode="json"),
+        "pull_token_claims": PullTokenClaims.model_validate(
+            {
+                "jti": "5b0c2f0e-9a1d-4c3e-8f7a-2d6b1e4c9a00",
+                "iss": "did:web:provider.example",
+                "sub": "did:web:provider.example",
+                "aud": ["did:web:consumer.example"],  # a one-element list reads as the audience
+                "iat": 1_800_000_000,
+            }
+        ).model_dump(mode="json"),
+        "error_body": ErrorBody(error="row_filter_unavailable", detail="registry unreachable").model_dump(
+            mode="json"
+        ),
     }
 
 
