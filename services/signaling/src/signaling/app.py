@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
 import httpx
@@ -12,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dataplane_service_kit.errors import ServiceError, install_error_handlers
 from dataplane_service_kit.health import ReadinessCheck, health_router
@@ -169,6 +170,22 @@ def _install_audited_errors(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, on_invalid)
 
 
+class RecountFlowsOnScrape:
+    """The kit's /metrics renders the registry; the flows gauge is recounted just before.
+
+    Plain ASGI rather than an HTTP middleware: every other request passes straight through."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == "/metrics":
+            state: AppState | None = getattr(scope["app"].state, "signaling", None)
+            if state is not None:
+                await state.flow_gauge.refresh()
+        await self.app(scope, receive, send)
+
+
 def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(
         title="dataplane signaling",
@@ -178,17 +195,7 @@ def create_app(settings: Settings) -> FastAPI:
         openapi_url=None,
     )
     _install_audited_errors(app)
-
-    @app.middleware("http")
-    async def recount_flows_on_scrape(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        # the kit's /metrics renders the registry; the flows gauge is recounted just before
-        state: AppState | None = getattr(app.state, "signaling", None)
-        if state is not None and request.url.path == "/metrics":
-            await state.flow_gauge.refresh()
-        return await call_next(request)
-
+    app.add_middleware(RecountFlowsOnScrape)
     app.include_router(health_router(lambda: _checks(app)))
     if settings.dps_enabled:  # DPS-01: nothing under /dps exists otherwise
         app.include_router(router)
