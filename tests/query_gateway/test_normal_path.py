@@ -3,10 +3,13 @@ catalogue layers (GS-06, GS-07, GS-10), the pure handlers (RF-04, RF-05) and the
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
-from gateway_support import FakeResolver, World
+from gateway_support import CATALOGUE, FakeResolver, World, running_gateway
 
 VIEWER_A = {"organization": {"org-a": {"type": ["rec"], "groups": ["/viewers"]}}}
 ADMIN_ROLE = {"realm_access": {"roles": ["platform-admin"]}}
@@ -230,3 +233,47 @@ async def test_query_plan_labels_a_lookup_plans_values_by_count_never_by_value(
     # the same caller's /query reads exactly those rows: the labels describe the real plan
     rows = await post(client, "SELECT id FROM registry ORDER BY id", token)
     assert ids(rows) == [1, 3]
+
+
+PROBE_SQL = """
+CREATE OR REPLACE FUNCTION plan_probe_read() RETURNS boolean LANGUAGE sql VOLATILE AS $$
+  SELECT pg_notify('plan_probe', 'read'); SELECT true
+$$;
+CREATE OR REPLACE VIEW plan_probe AS SELECT id FROM stats WHERE plan_probe_read();
+"""
+PROBE_DATASET = """
+  - id: probe               # every read of it sends NOTIFY plan_probe when its transaction commits
+    table: plan_probe
+    access_level: open
+    expose: true
+    row_filters:
+      person: {handler: allow_all, binds: person}
+      organization: {handler: allow_all, binds: organization}
+"""
+
+
+async def test_query_plan_sends_no_statement_to_the_database(world: World, tmp_path: Path) -> None:
+    """Observed in the database itself: the probe view notifies on every committed read. A
+    sentinel NOTIFY sent last arrives after everything committed before it, so counting the
+    reads before it needs no waiting on time."""
+    listener = await asyncpg.connect(world.datasets_url)
+    heard: asyncio.Queue[str] = asyncio.Queue()
+    try:
+        await listener.execute(PROBE_SQL)
+        await listener.add_listener("plan_probe", lambda *args: heard.put_nowait(args[3]))
+        catalogue = tmp_path / "catalogue.yaml"
+        catalogue.write_text(CATALOGUE.read_text().rstrip("\n") + "\n" + PROBE_DATASET)
+        async with running_gateway(world.settings(catalogue_path=str(catalogue))) as gateway:
+            plan = await gateway.post("/query/plan", json={"sql": "SELECT id FROM probe"})
+            assert plan.status_code == 200, plan.text
+            query = await gateway.post("/query", json={"sql": "SELECT id FROM probe ORDER BY id"})
+            assert ids(query) == [1, 2]  # the control: a real read is heard
+        await listener.execute("SELECT pg_notify('plan_probe', 'sentinel')")
+        payloads = []
+        async with asyncio.timeout(20):  # against a hang only
+            while not payloads or payloads[-1] != "sentinel":
+                payloads.append(await heard.get())
+    finally:
+        await listener.close()
+    # one read: the /query's (its page and count share one transaction); none from /query/plan
+    assert payloads == ["read", "sentinel"]
