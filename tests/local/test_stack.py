@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 
 from dataplane_contracts.topics import topic_specs
 from dataplane_local import provision
-from dataplane_local.procs import is_alive
+from dataplane_local.procs import process_tree, survivors
 
 
 def cli(root: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -36,25 +36,6 @@ def cli(root: Path, *args: str, env: dict[str, str] | None = None) -> subprocess
 def read_env(root: Path) -> dict[str, str]:
     data: dict[str, Any] = json.loads((root / "stack.json").read_text())
     return {**data["env"], **data["tools"]}
-
-
-def processes_under(pids: list[int]) -> set[int]:
-    """The recorded pids and every live descendant of them (walks /proc by parent pid)."""
-    parent: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parent[int(entry.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
-    found = set(pids)
-    grew = True
-    while grew:
-        more = {p for p, pp in parent.items() if pp in found} - found
-        found |= more
-        grew = bool(more)
-    return {p for p in found if is_alive(p)}
 
 
 def recorded(root: Path) -> list[dict[str, Any]]:
@@ -123,7 +104,7 @@ def check_doubles(env: dict[str, str]) -> None:
     assert [a["sensor_id"] for a in assets.json()["items"]] == ["IT001E00000001", "IT001E00000003", None]
 
 
-def up_and_check(root: Path, env: dict[str, str] | None = None) -> set[int]:
+def up_and_check(root: Path, env: dict[str, str] | None = None) -> dict[int, str | None]:
     result = cli(root, "up", "--infra-only", env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     stack_env = read_env(root)
@@ -133,14 +114,14 @@ def up_and_check(root: Path, env: dict[str, str] | None = None) -> set[int]:
     check_doubles(stack_env)
     status = cli(root, "status")
     assert status.returncode == 0, status.stdout
-    return processes_under([p["pid"] for p in recorded(root)])
+    return process_tree([p["pid"] for p in recorded(root)])
 
 
-def down_and_check(root: Path, running: set[int]) -> None:
+def down_and_check(root: Path, running: dict[int, str | None]) -> None:
     assert running
     result = cli(root, "down")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert not [p for p in running if is_alive(p)]
+    assert not survivors(running)
     assert not (root / "pids.json").exists()
 
 
@@ -153,7 +134,7 @@ def test_up_infra_only_then_down_leaves_no_process_and_second_up_works(tmp_path:
     assert again.returncode == 1 and "already running" in again.stdout
     down_and_check(root, first)
     second = up_and_check(root)  # the kept PostgreSQL data directory is provisioned again
-    assert not first & second
+    assert not first.keys() & second.keys()
     down_and_check(root, second)
 
 
@@ -180,9 +161,9 @@ def test_status_names_a_dead_broker_and_says_restart(
             and "dataplane-local down && dataplane-local up" in status.stdout
         )
     finally:
-        running = processes_under([p["pid"] for p in procs])
+        running = process_tree([p["pid"] for p in procs])
         assert cli(root, "down").returncode == 0
-        assert not [p for p in running if is_alive(p)]
+        assert not survivors(running)
 
 
 def test_existing_servers_replace_embedded_ones(
