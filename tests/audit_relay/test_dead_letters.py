@@ -67,6 +67,9 @@ async def test_rf10_refused_unparseable_unroutable_and_non_did_go_to_dlq_and_lat
     redacted = json.loads(letters[non_did["event_id"]]["value"])
     assert redacted["authorized_subject_ids"] == ["did:web:ok.example", "<redacted: not a DID>"]
     assert "alice@example.org" not in letters[non_did["event_id"]]["value"]
+    # nor does a field the contract does not have bring its value along
+    extra = json.loads(letters[extra_field["event_id"]]["value"])
+    assert extra["principals"] == "<redacted: not a DisclosureRecorded field>"
 
     # ds saw the refused event once (no retry of a 400) and never saw the others
     assert [c.status for c in harness.a.audit_calls([refused["event_id"]])] == [400]

@@ -130,3 +130,38 @@ def test_misconfigured_relay_refuses_to_start_naming_the_variable() -> None:
     )
     assert done.returncode == 2
     assert "CONNECTOR_INTERNAL_URL" in done.stderr
+
+
+def test_rf10_dead_letter_value_keeps_no_personal_value_but_names_what_was_wrong() -> None:
+    event = h.event(h.PROVIDER_A) | {"principals": ["alice@example.org"], "keys": ["pod:IT001"]}
+    raw = h.json_bytes(event)
+    rejected = parse_event(raw)
+    assert isinstance(rejected, Rejected) and rejected.reason == "unparseable"
+    letter = DeadLetter.model_validate_json(
+        dead_letter(rejected, topic="t", partition=0, offset=1, key=None, value=raw)
+    )
+    assert letter.value is not None
+    replay = json.loads(letter.value)
+    assert replay["principals"] == replay["keys"] == "<redacted: not a DisclosureRecorded field>"
+    personal = ("principals", "keys")
+    # everything of the contract is kept for replay
+    assert {k: v for k, v in replay.items() if k not in personal} == {
+        k: v for k, v in event.items() if k not in personal
+    }
+    assert "alice@example.org" not in letter.value and "IT001" not in letter.value
+
+    # subjects of the wrong shape are redacted whole
+    raw = _raw(authorized_subject_ids="alice@example.org")
+    rejected = parse_event(raw)
+    assert isinstance(rejected, Rejected)
+    letter = DeadLetter.model_validate_json(
+        dead_letter(rejected, topic="t", partition=0, offset=2, key=None, value=raw)
+    )
+    assert letter.value is not None and "alice@example.org" not in letter.value
+
+    # a record with nothing to redact travels byte for byte
+    raw = _raw()
+    letter = DeadLetter.model_validate_json(
+        dead_letter(Rejected("unroutable", "x", None), topic="t", partition=0, offset=3, key=None, value=raw)
+    )
+    assert letter.value == raw.decode()

@@ -77,7 +77,8 @@ DeadLetterReason = Literal[
 class DisclosureDeadLetter(Event):
     """audit-relay → operators, on `dataplane.audit.disclosures.dlq`: why a disclosure was not
     delivered, and the original record to replay. `detail` never quotes the value; a subject that
-    is not a DID (possibly an email) is redacted out of `value` before it is written.
+    is not a DID (possibly an email), and the value of a field the contract does not have, are
+    redacted out of `value` before it is written.
 
     An event like the others: `occurred_at` is when it was dead-lettered. Its `event_id` is derived
     from the record's place (`dead_letter_id`), so the same record dead-lettered twice (a relay
@@ -91,7 +92,8 @@ class DisclosureDeadLetter(Event):
     source_partition: StrictInt
     source_offset: StrictInt
     key: StrictStr | None
-    value: StrictStr | None
+    # the record as published, for replay: out of the repr all the same, it is not ours to vouch for
+    value: StrictStr | None = Field(repr=False)
     ds_status: StrictInt | None = None
 
 

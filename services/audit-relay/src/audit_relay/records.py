@@ -84,17 +84,33 @@ def audit_body(event: DisclosureRecorded) -> dict[str, Any]:
     ).wire()
 
 
-def _redact_subjects(value: bytes | None) -> bytes | None:
-    """Replace every subject that is not a DID: it may be an email or a username (RF-10)."""
+_NOT_A_DID = "<redacted: not a DID>"
+_NOT_IN_CONTRACT = "<redacted: not a DisclosureRecorded field>"
+
+
+def _redact(value: bytes | None) -> bytes | None:
+    """What the replayable copy must not carry (RF-10, RF-08): a subject that is not a DID (an
+    email, a username), and the value of any field the contract does not have (a publisher bug
+    that sent `principals` or `keys` must not copy them onto the DLQ). Field names stay, so the
+    letter still shows what was wrong. Unchanged records are kept byte for byte."""
     try:
         data = json.loads(value or b"")
     except (ValueError, UnicodeDecodeError):
         return value
-    subjects = data.get("authorized_subject_ids") if isinstance(data, dict) else None
-    if isinstance(subjects, list):
-        data["authorized_subject_ids"] = [s if is_did(s) else "<redacted: not a DID>" for s in subjects]
-        return json.dumps(data).encode()
-    return value
+    if not isinstance(data, dict):
+        return value
+    changed = False
+    subjects = data.get("authorized_subject_ids")
+    if isinstance(subjects, list) and not all(is_did(s) for s in subjects):
+        data["authorized_subject_ids"] = [s if is_did(s) else _NOT_A_DID for s in subjects]
+        changed = True
+    elif subjects is not None and not isinstance(subjects, list):
+        data["authorized_subject_ids"] = _NOT_A_DID
+        changed = True
+    for field in set(data) - set(DisclosureRecorded.model_fields):
+        data[field] = _NOT_IN_CONTRACT
+        changed = True
+    return json.dumps(data).encode() if changed else value
 
 
 def dead_letter(
@@ -107,8 +123,7 @@ def dead_letter(
     value: bytes | None,
     ds_status: int | None = None,
 ) -> bytes:
-    if rejected.reason == "non_did_subject":
-        value = _redact_subjects(value)
+    value = _redact(value)
     record = DisclosureDeadLetter(
         event_id=dead_letter_id(topic, partition, offset),
         occurred_at=datetime.now(UTC),
