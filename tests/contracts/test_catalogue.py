@@ -65,6 +65,8 @@ def test_catalogue_rejects_unknown_fields_and_levels() -> None:
         Catalogue.model_validate({"datasets": [{**_entry(), "access_level": "public"}]})
     with pytest.raises(ValidationError):
         Catalogue.model_validate({"datasets": [{**_entry(), "table": "readings; drop"}]})
+    with pytest.raises(ValidationError):  # a trailing line break is not part of a name
+        Catalogue.model_validate({"datasets": [{**_entry(), "table": "readings\n"}]})
 
 
 def test_builtin_binds_table() -> None:

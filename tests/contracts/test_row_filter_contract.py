@@ -96,6 +96,8 @@ def test_rf10_subject_dids_default_empty_and_must_be_dids() -> None:
     with pytest.raises(ValidationError) as err:
         DataplaneRowFilter.model_validate({"handler": "x", "subject_dids": [PRINCIPAL]})
     assert PRINCIPAL not in str(err.value) and PRINCIPAL not in repr(err.value)
+    with pytest.raises(ValidationError):  # a DID followed by a line break is not a DID
+        DataplaneRowFilter.model_validate({"handler": "x", "subject_dids": ["did:web:alice.example\n"]})
 
 
 def test_rf08_repr_carries_no_principal_or_key() -> None:

@@ -13,6 +13,9 @@ def test_rf03_split_at_first_colon() -> None:
 def test_rf03_malformed_keys_are_skipped_not_fatal() -> None:
     for bad in ["POD:x", "pod:", ":x", "pod", "1pod:x", "pod:has space", "a" * 33 + ":x", None, 5]:
         assert split_key(bad) is None
+    # a trailing line break is not part of the grammar: a `$`-anchored match would accept it
+    for bad in ["pod:x\n", "pod:x\r\n", "\npod:x"]:
+        assert split_key(bad) is None
     assert values_of_type(["pod:b", "bad", "pod:a", "pod:b", "meter:c", "pod: x"], "pod") == ["a", "b"]
 
 

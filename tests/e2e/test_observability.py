@@ -17,8 +17,16 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
 from dataplane_local.demo import DEMO_AGREEMENT, Wire, control_plane_token, start_pull_flow
+from dataplane_local.doubles.otlp_receiver import SpanRecord
 
 TRACED = {"query-gateway", "filter-resolver", "audit-relay"}
+# What each service must contribute to the trace of that query, by instrumentation scope: incoming
+# HTTP, SQL, Redis, outgoing HTTP and Kafka, each where the service does that work for the query.
+SCOPES = {
+    "query-gateway": {"fastapi", "httpx", "asyncpg", "redis", "aiokafka"},
+    "filter-resolver": {"aiokafka", "redis", "httpx"},
+    "audit-relay": {"aiokafka", "httpx"},
+}
 
 pytestmark = pytest.mark.e2e
 
@@ -37,17 +45,21 @@ async def test_one_dataspace_query_with_a_plan_miss_is_one_trace_across_three_se
             break
         await asyncio.sleep(0.2)
     services: set[str] = set()
+    missing: dict[str, set[str]] = {}
     while time.monotonic() < deadline:  # the exporters flush every 200 ms
-        services = {s.service_name for s in system.receiver.spans(trace_id=trace_id)}
-        if services >= TRACED:
+        spans = system.receiver.spans(trace_id=trace_id)
+        services = {s.service_name for s in spans}
+        missing = _missing_scopes(spans)
+        if services >= TRACED and not missing:
             break
         await asyncio.sleep(0.2)
     spans = system.receiver.spans(trace_id=trace_id)
-    seen = sorted({(s.service_name, s.name) for s in spans})
+    seen = sorted({(s.service_name, s.scope, s.name) for s in spans})
     assert services >= TRACED, (
         f"trace {trace_id} misses spans of {sorted(TRACED - services)}; it holds {seen}; "
         f"traces of the same moment: {_traces_by_service(system)}"
     )
+    assert not missing, f"trace {trace_id} lacks these kinds of span: {missing}; it holds {seen}"
     # one trace: every span of it hangs off another span of it, except the caller's parent
     ids = {s.span_id for s in spans}
     orphans = [s for s in spans if s.parent_span_id not in ids]
@@ -65,8 +77,27 @@ async def test_signaling_and_the_pull_are_traced_in_the_callers_trace(system: Sy
         if system.receiver.spans(trace_id=trace_id, service="signaling"):
             break
         await asyncio.sleep(0.2)
-    names = {s.name for s in system.receiver.spans(trace_id=trace_id, service="signaling")}
-    assert names, f"signaling exported no span in the caller's trace; traces: {_traces_by_service(system)}"
+    scopes: set[str] = set()
+    while time.monotonic() < deadline:  # the SQL spans may arrive in a later export than the HTTP one
+        scopes = {s.scope for s in system.receiver.spans(trace_id=trace_id, service="signaling")}
+        if any("fastapi" in s for s in scopes) and any("asyncpg" in s for s in scopes):
+            break
+        await asyncio.sleep(0.2)
+    assert any("fastapi" in s for s in scopes) and any("asyncpg" in s for s in scopes), (
+        f"signaling's spans in the caller's trace come from {sorted(scopes)}; "
+        f"traces: {_traces_by_service(system)}"
+    )
+
+
+def _missing_scopes(spans: list[SpanRecord]) -> dict[str, set[str]]:
+    held: dict[str, set[str]] = {}
+    for span in spans:
+        held.setdefault(span.service_name, set()).add(span.scope)
+    missing = {
+        service: {kind for kind in kinds if not any(kind in scope for scope in held.get(service, ()))}
+        for service, kinds in SCOPES.items()
+    }
+    return {service: kinds for service, kinds in missing.items() if kinds}
 
 
 def _traces_by_service(system: System) -> dict[str, list[str]]:

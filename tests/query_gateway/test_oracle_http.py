@@ -59,11 +59,13 @@ PAGE_KEYS = {"items", "offset", "limit", "count", "total"}
 POD_NOISE = st.sampled_from(FORGED_PODS).flatmap(
     lambda p: st.sampled_from(
         [f"meter:{p}", f"site:{p}", f"pods:{p}", p, f"POD:{p}", f" pod:{p}", f"pod: {p}", f":{p}",
-         f"1pod:{p}", f"pod:{p} "]
+         f"1pod:{p}", f"pod:{p} ", f"pod:{p}\n"]
     )
 )  # fmt: skip
 SITE_NOISE = st.sampled_from(SITE_UUIDS).flatmap(
-    lambda u: st.sampled_from([f"pod:{u}", f"sites:{u}", u, f"SITE:{u}", f"site: {u}", f"site:{u} "])
+    lambda u: st.sampled_from(
+        [f"pod:{u}", f"sites:{u}", u, f"SITE:{u}", f"site: {u}", f"site:{u} ", f"site:{u}\n"]
+    )
 )
 # consumer organizations as ds may word them, and entries naming no alias (skipped)
 ORG_FORMS = (

@@ -65,7 +65,7 @@ class DatasetEntry(ContractModel):
     @field_validator("table")
     @classmethod
     def _table_is_identifier(cls, v: str) -> str:
-        if not _IDENT.match(v):
+        if not _IDENT.fullmatch(v):
             raise ValueError("table must be [schema.]name")
         return v
 

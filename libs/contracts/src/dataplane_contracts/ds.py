@@ -17,7 +17,7 @@ DID_RE = re.compile(r"^did:[a-z0-9]+:[A-Za-z0-9._:%-]+(?:[/?#].*)?$")
 
 
 def is_did(value: object) -> bool:
-    return isinstance(value, str) and DID_RE.match(value) is not None
+    return isinstance(value, str) and DID_RE.fullmatch(value) is not None
 
 
 def _check_did(value: str) -> str:

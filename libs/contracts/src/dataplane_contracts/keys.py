@@ -10,6 +10,8 @@ import re
 from collections.abc import Iterable
 from typing import NamedTuple
 
+# Always `fullmatch`: with `match`, `$` also matches before a trailing line break, so
+# "pod:pod-1\n" would read as pod-1.
 KEY_RE = re.compile(r"^(?P<type>[a-z][a-z0-9_-]{0,31}):(?P<value>\S{1,256})$")
 
 
@@ -22,7 +24,7 @@ def split_key(raw: object) -> TypedKey | None:
     """Split one key at its first colon; None when it does not follow the grammar."""
     if not isinstance(raw, str):
         return None
-    match = KEY_RE.match(raw)
+    match = KEY_RE.fullmatch(raw)
     if match is None:
         return None
     return TypedKey(match.group("type"), match.group("value"))

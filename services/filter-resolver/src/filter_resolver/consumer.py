@@ -213,7 +213,7 @@ class PlanRequestConsumer:
             request = PlanRequest.model_validate_json(record.value or b"")
         except ValidationError:
             return None
-        if not TOPIC_NAME.match(request.reply_topic):
+        if not TOPIC_NAME.fullmatch(request.reply_topic):
             return None
         return request
 
@@ -229,11 +229,11 @@ class PlanRequestConsumer:
         partition = fields.get("reply_partition")
         if not (
             isinstance(cid, str)
-            and HEX32.match(cid)
+            and HEX32.fullmatch(cid)
             and isinstance(key, str)
-            and HEX64.match(key)
+            and HEX64.fullmatch(key)
             and isinstance(topic, str)
-            and TOPIC_NAME.match(topic)
+            and TOPIC_NAME.fullmatch(topic)
         ):
             log.warning("plan_request_unreadable", partition=record.partition, offset=record.offset)
             return True

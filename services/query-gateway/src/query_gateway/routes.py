@@ -30,7 +30,7 @@ T = TypeVar("T")
 
 def _context(request: Request, route: str) -> AccessContext:
     request_id = request.headers.get("x-request-id") or request.headers.get("x-correlation-id")
-    match = _TRACEPARENT.match(request.headers.get("traceparent", "").strip().lower())
+    match = _TRACEPARENT.fullmatch(request.headers.get("traceparent", "").strip().lower())
     return AccessContext(
         request_id=(request_id or uuid.uuid4().hex)[:128],
         trace_id=match.group(1) if match else None,

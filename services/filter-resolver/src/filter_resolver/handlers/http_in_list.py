@@ -154,7 +154,7 @@ def _headers(args: Mapping[str, Any], fill: _Filler) -> dict[str, str]:
     inject a header, a non-ASCII value has no encoding httpx will send."""
     out: dict[str, str] = {}
     for key, raw in _mapping(args, "headers").items():
-        if not isinstance(key, str) or not _HEADER_NAME.match(key):
+        if not isinstance(key, str) or not _HEADER_NAME.fullmatch(key):
             raise invalid(f"{NAME}: argument 'headers' has a name that is not a valid header name")
         if not isinstance(raw, str):
             raise invalid(f"{NAME}: argument 'headers' must map names to strings")

@@ -30,7 +30,7 @@ PoolGetter = Callable[[], Awaitable[asyncpg.Pool | None]]
 
 
 def quote_identifier(name: str, what: str) -> str:
-    if not IDENTIFIER.match(name):
+    if not IDENTIFIER.fullmatch(name):
         raise invalid(f"{NAME}: argument '{what}' is not a plain SQL identifier")
     return '"' + name + '"'
 

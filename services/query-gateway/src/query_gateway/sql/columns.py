@@ -27,7 +27,7 @@ def _to_int(bound: int) -> Callable[[object], object]:
     def conv(v: object) -> object:
         if isinstance(v, bool):
             return None
-        if isinstance(v, str) and _INT_RE.match(v.strip()):
+        if isinstance(v, str) and _INT_RE.fullmatch(v.strip()):
             v = int(v.strip())
         if isinstance(v, int) and -bound <= v < bound:
             return v
