@@ -1,6 +1,6 @@
 """Benchmarks of the whole data plane, every figure measured side by side in one run.
 
-    uv run python bench/run.py [--quick] [--dir D] [--out bench/RESULTS.md]
+    uv run python bench/run.py [--quick] [--dir D] [--out bench/RESULTS.md] [--only SECTION ...]
 
 Starts its own system (an embedded PostgreSQL with a 1 000 000-row table, then the local stack
 with two gateway replicas and one resolver), measures, prints a table, writes RESULTS.md with the
@@ -64,7 +64,10 @@ def _header(quick: bool, took: float, load: str) -> str:
     )
 
 
-async def main_async(quick: bool, root: Path, out: Path) -> int:
+SECTIONS = ("edr", "normal", "lookup", "revocation", "audit")
+
+
+async def main_async(quick: bool, root: Path, out: Path, only: tuple[str, ...] = SECTIONS) -> int:
     sizes = sections.Sizes.of(quick)
     load = " / ".join(f"{x:.2f}" for x in os.getloadavg())  # other work on the machine skews figures
     report = Report()
@@ -72,11 +75,16 @@ async def main_async(quick: bool, root: Path, out: Path) -> int:
     async with Environment(root, log=lambda s: print(f"[stack] {s}", flush=True)) as bench:
         await asyncio.sleep(3)  # let start-up work (group joins, first deliveries) settle
         print(f"\n{'section':<36} {'measure':<44} {'value':>14}  note")
-        await sections.edr_and_pull(bench, report, sizes)
-        await sections.normal_path(bench, report, sizes)
-        await sections.lookup_miss(bench, report, sizes)
-        await sections.revocation(bench, report, sizes)
-        await sections.audit_burst(bench, report, sizes)
+        if "edr" in only:
+            await sections.edr_and_pull(bench, report, sizes)
+        if "normal" in only:
+            await sections.normal_path(bench, report, sizes)
+        if "lookup" in only:
+            await sections.lookup_miss(bench, report, sizes)
+        if "revocation" in only:
+            await sections.revocation(bench, report, sizes)
+        if "audit" in only:
+            await sections.audit_burst(bench, report, sizes)
     took = time.perf_counter() - t0
     text = _header(quick, took, load) + report.markdown() + "\n"
     await asyncio.to_thread(out.write_text, text)
@@ -91,11 +99,19 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="small sample sizes (a smoke run)")
     parser.add_argument("--dir", type=Path, default=None, help="state directory (default: a temporary one)")
     parser.add_argument("--out", type=Path, default=HERE / "RESULTS.md")
+    parser.add_argument(
+        "--only",
+        choices=SECTIONS,
+        action="append",
+        help="run only this section (repeatable; 2a runs with edr); a partial run should not overwrite "
+        "RESULTS.md: give --out",
+    )
     args = parser.parse_args()
+    only = tuple(args.only or SECTIONS)
     if args.dir is not None:
-        return asyncio.run(main_async(args.quick, args.dir.resolve(), args.out))
+        return asyncio.run(main_async(args.quick, args.dir.resolve(), args.out, only))
     with tempfile.TemporaryDirectory(prefix="dataplane-bench-") as tmp:
-        return asyncio.run(main_async(args.quick, Path(tmp), args.out))
+        return asyncio.run(main_async(args.quick, Path(tmp), args.out, only))
 
 
 if __name__ == "__main__":
