@@ -18,6 +18,10 @@ def main() -> None:
     configure_logging("query-gateway", settings.log_level)
     # access records stay at INFO whatever LOG_LEVEL says (GS-01)
     logging.getLogger(AUDIT_LOGGER).setLevel(logging.INFO)
+    # httpx writes an INFO line for every outgoing call (each ds authorize of a dataspace
+    # request): hot-path cost with nothing the access record lacks; shown again at DEBUG
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     setup_telemetry("query-gateway")
     serve(create_app(settings), settings.http_host, settings.http_port)
 

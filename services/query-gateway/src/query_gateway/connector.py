@@ -23,6 +23,7 @@ from dataplane_service_kit.errors import ServiceError
 from dataplane_service_kit.logs import get_logger
 from dataplane_service_kit.oauth import ClientCredentialsToken, TokenUnavailable
 from query_gateway.settings import GatewaySettings
+from query_gateway.verified import VerifiedTokens, exp_of, memoisable
 
 log = get_logger("query_gateway.connector")
 _EDR_ALGORITHMS = ["ES256", "RS256"]
@@ -75,6 +76,7 @@ class ConnectorClient:
         self._edr_keys: dict[str, list[jwt.PyJWK]] = {}  # per connector base, process lifetime
         self._fetched_at: dict[str, float] = {}
         self._lock = asyncio.Lock()
+        self._verified: VerifiedTokens[EdrIdentity] = VerifiedTokens()
 
     async def _headers(self) -> dict[str, str]:
         try:
@@ -114,6 +116,11 @@ class ConnectorClient:
         key of that connector's set; the verified `aud` is the consumer."""
         if not token:
             raise ServiceError("invalid_token", "Dataspace mode requires the EDR token")
+        memo = self._verified.get(token)  # a token that verified, while its key is still held
+        if memo is not None:
+            if any(k is memo.key for k in self._edr_keys.get(memo.value.base_url, ())):
+                return memo.value
+            self._verified.drop(token)
         try:
             unverified = jwt.decode(token, options={"verify_signature": False})
         except jwt.PyJWTError:
@@ -121,6 +128,7 @@ class ConnectorClient:
         iss = unverified.get("iss") if isinstance(unverified.get("iss"), str) else None
         base = resolve_connector(self._settings, iss)
         claims = None
+        verified_by: jwt.PyJWK | None = None
         for refresh in (False, True):  # a rotated connector key is fetched once more
             for key in await self._keys(base, refresh=refresh):
                 try:
@@ -130,6 +138,7 @@ class ConnectorClient:
                         algorithms=_EDR_ALGORITHMS,
                         options={"verify_aud": False, "verify_exp": False},
                     )
+                    verified_by = key
                     break
                 except jwt.PyJWTError:
                     continue
@@ -143,7 +152,11 @@ class ConnectorClient:
         if not isinstance(aud, str) or not aud:
             raise ServiceError("invalid_token", "EDR token names no audience")
         provider = claims.get("iss") if isinstance(claims.get("iss"), str) else None
-        return EdrIdentity(consumer=aud, provider=provider, base_url=base)
+        identity = EdrIdentity(consumer=aud, provider=provider, base_url=base)
+        if memoisable(claims):
+            # the check ignores exp; the memo still never holds a token past it
+            self._verified.put(token, identity, verified_by, exp_of(claims))
+        return identity
 
     async def authorize(self, base: str, request: AuthorizeRequest) -> DecisionEnvelope:
         """One call for every touched dataset; unreachable or erroring → 502 ds_unavailable."""

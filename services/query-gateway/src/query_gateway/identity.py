@@ -1,5 +1,6 @@
 """The normal path's caller: an OIDC bearer verified against the issuer's JWKS (cached, refetched
-on an unknown `kid`), normalised as reference §2.4 (ADR-0001, ADR-0002)."""
+on an unknown `kid`), normalised as reference §2.4 (ADR-0001, ADR-0002). A bearer that verified is
+memoised until its `exp` while its key stays in the set (query_gateway.verified)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from dataplane_contracts.ds import Organization
 from dataplane_contracts.plans import CallerIdentity
 from dataplane_service_kit.errors import ServiceError
 from query_gateway.settings import PLATFORM_ADMIN_ROLE
+from query_gateway.verified import VerifiedTokens, exp_of, memoisable
 
 READING_GROUPS = frozenset({"admins", "managers", "viewers"})
 _ALGORITHMS = ["RS256", "ES256", "RS384", "ES384", "RS512", "PS256"]
@@ -137,6 +139,11 @@ class OidcVerifier:
         self._anonymous_keys: list[jwt.PyJWK] = []
         self._fetched_at = 0.0
         self._lock = asyncio.Lock()
+        self._verified: VerifiedTokens[Caller] = VerifiedTokens()
+
+    def _holds(self, key: object) -> bool:
+        """The key object is still in the current key set (a refetch makes new objects)."""
+        return any(k is key for k in self._keys.values()) or any(k is key for k in self._anonymous_keys)
 
     async def _fetch(self) -> None:
         assert self._jwks_uri is not None
@@ -175,6 +182,11 @@ class OidcVerifier:
         """401 invalid_token for anything but a token this issuer signed for this audience."""
         if self._jwks_uri is None:
             raise ServiceError("invalid_token", "bearer tokens cannot be verified: no issuer configured")
+        memo = self._verified.get(token)  # never past the token's exp (query_gateway.verified)
+        if memo is not None:
+            if self._holds(memo.key):
+                return memo.value
+            self._verified.drop(token)
         try:
             header = jwt.get_unverified_header(token)
         except jwt.PyJWTError:
@@ -196,7 +208,10 @@ class OidcVerifier:
                 )
             except jwt.PyJWTError:
                 continue
-            return normalise(claims, token)
+            caller = normalise(claims, token)
+            if memoisable(claims):
+                self._verified.put(token, caller, key, exp_of(claims))
+            return caller
         raise ServiceError("invalid_token", "bearer token is not valid")
 
 

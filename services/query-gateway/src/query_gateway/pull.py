@@ -1,5 +1,6 @@
 """DPS-09: the pull token, verified with signaling's public key and looked up in the pull-grant
-view on every request (never cached: a retired token is refused from the moment it retired)."""
+view on every request (never cached: a retired token is refused from the moment it retired). Only
+the token's signature check is memoised (query_gateway.verified); the grant never is."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from dataplane_contracts.dps import (
     PullTokenClaims,
 )
 from dataplane_service_kit.errors import ServiceError
+from query_gateway.verified import VerifiedTokens, exp_of, memoisable
 
 
 @dataclass(frozen=True)
@@ -58,10 +60,16 @@ class PullVerifier:
     def __init__(self, public_key_pem: str, flows_pool: asyncpg.Pool) -> None:
         self._key = public_key_pem
         self._pool = flows_pool
+        # the signature check and claim parsing of a token seen before; the key is fixed for the
+        # process. Only the signature is memoised: the grant is read on every request (below)
+        self._verified: VerifiedTokens[PullTokenClaims] = VerifiedTokens()
 
     def claims(self, token: str | None) -> PullTokenClaims:
         if token is None:
             raise ServiceError("pull_token", "a pull needs the token from the data address")
+        memo = self._verified.get(token)
+        if memo is not None:
+            return memo.value
         try:
             raw = jwt.decode(
                 token,
@@ -69,9 +77,12 @@ class PullVerifier:
                 algorithms=[PULL_TOKEN_ALGORITHM],
                 options={"verify_aud": False, "verify_exp": False, "require": ["jti", "iss", "sub", "aud"]},
             )
-            return PullTokenClaims.model_validate(raw)
+            claims = PullTokenClaims.model_validate(raw)
         except (jwt.PyJWTError, ValidationError, ValueError):
             raise ServiceError("pull_token", "pull token is not valid") from None
+        if memoisable(raw):
+            self._verified.put(token, claims, self._key, exp_of(raw))
+        return claims
 
     async def grant(self, jti: str) -> PullGrant | None:
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import uuid
 from decimal import Decimal
@@ -54,6 +55,13 @@ def clamp_page(offset: int, limit: int, max_limit: int = MAX_LIMIT) -> tuple[int
     return max(0, offset), min(applied, max_limit)
 
 
+async def _rollback(conn: asyncpg.pool.PoolConnectionProxy) -> None:
+    """End the failed transaction; when that fails too, the pool's reset on release rolls back or
+    terminates the connection, so the original error is the one reported."""
+    with contextlib.suppress(Exception):
+        await conn.execute("ROLLBACK")
+
+
 def _lost() -> ServiceError:
     return ServiceError("database_unavailable", "Database connection lost, retry the query")
 
@@ -63,21 +71,28 @@ class QueryExecutor:
         self._pool = pool
         self._timeout_ms = int(statement_timeout_ms)
         self._max_limit = max_limit
+        self._begin = (
+            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; "
+            f"SET LOCAL statement_timeout = {self._timeout_ms}"
+        )
 
     async def run(self, q: NarrowedQuery, *, offset: int, limit: int, skip_count: bool) -> QueryPage:
         offset, limit = clamp_page(offset, limit, self._max_limit)
         page_sql, count_sql = page_and_count(q.sql, len(q.params), q.denied)
         total: int | None = None
         try:
-            async with (
-                self._pool.acquire() as conn,
-                conn.transaction(readonly=True, isolation="repeatable_read"),
-            ):
-                # one snapshot for count and page; the timeout dies with the transaction
-                await conn.execute(f"SET LOCAL statement_timeout = {self._timeout_ms}")
-                if not skip_count:
-                    total = int(await conn.fetchval(count_sql, *q.params))
-                rows = await conn.fetch(page_sql, *q.params, limit, offset)
+            async with self._pool.acquire() as conn:
+                # one snapshot for count and page, read-only; the timeout dies with the transaction.
+                # BEGIN and SET LOCAL travel as one simple query: one round trip, not two
+                try:
+                    await conn.execute(self._begin)
+                    if not skip_count:
+                        total = int(await conn.fetchval(count_sql, *q.params))
+                    rows = await conn.fetch(page_sql, *q.params, limit, offset)
+                except BaseException:
+                    await _rollback(conn)
+                    raise
+                await conn.execute("COMMIT")
         except asyncpg.QueryCanceledError as err:
             if "statement timeout" in str(err):
                 raise ServiceError("query_timeout", "Query exceeded time limit") from None
