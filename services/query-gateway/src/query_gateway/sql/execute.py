@@ -28,23 +28,38 @@ _CONNECTION_LOST: tuple[type[BaseException], ...] = (
 )
 
 
+# exact types a row value most often has, and what JSON carries for each: one dict look-up
+# instead of the isinstance chain below (which still decides any other type, subclasses included)
+_AS_IS: frozenset[type] = frozenset({type(None), bool, int, float, str})
+_ISO: frozenset[type] = frozenset({dt.datetime, dt.date, dt.time})
+_PLAIN = (bool, int, float, str)
+_TEMPORAL = (dt.datetime, dt.date, dt.time)
+_SEQUENCES = (list, tuple)
+_BYTES = (bytes, bytearray, memoryview)
+
+
 def jsonable(value: object) -> object:
     """A row value as JSON can carry it (FastAPI's rules: integral Decimal → int, else float)."""
-    if value is None or isinstance(value, bool | int | float | str):
+    kind = type(value)
+    if kind in _AS_IS:
+        return value
+    if kind in _ISO:
+        return value.isoformat()  # type: ignore[attr-defined]
+    if value is None or isinstance(value, _PLAIN):
         return value
     if isinstance(value, Decimal):
         return int(value) if value == value.to_integral_value() and value.is_finite() else float(value)
-    if isinstance(value, dt.datetime | dt.date | dt.time):
+    if isinstance(value, _TEMPORAL):
         return value.isoformat()
     if isinstance(value, dt.timedelta):
         return value.total_seconds()
     if isinstance(value, uuid.UUID):
         return str(value)
-    if isinstance(value, list | tuple):
+    if isinstance(value, _SEQUENCES):
         return [jsonable(v) for v in value]
     if isinstance(value, dict):
         return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, bytes | bytearray | memoryview):
+    if isinstance(value, _BYTES):
         return bytes(value).hex()
     return str(value)
 
