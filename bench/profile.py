@@ -23,15 +23,19 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
 import sections
-from common import load
+from common import Stats, load
 from system import AGREEMENT, Bench, Environment, owner
+
+from dataplane_local import infra
+
+HERE = Path(__file__).resolve().parent
 
 PATHS = ("edr", "dps", "normal")
 
 
-async def _call(bench: Bench, path: str):  # type: ignore[no-untyped-def]
-    gw = bench.gateways[0]
+async def _call(bench: Bench, path: str, gw: str):  # type: ignore[no-untyped-def]
     if path == "normal":
         headers = {"Authorization": f"Bearer {await bench.user_token(owner(42))}"}
         body = {"sql": sections.USER_SQL, "limit": sections.PAGE, "skip_count": True}
@@ -55,6 +59,81 @@ async def _call(bench: Bench, path: str):  # type: ignore[no-untyped-def]
         sections._expect(await bench.http.post(url, json=body, headers=headers))
 
     return call
+
+
+_ABSENT = """import importlib.machinery, sys, sysconfig
+_BLOCK = set({block!r})
+_SITE = sysconfig.get_paths()["purelib"]
+class _Absent:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name.partition(".")[0] in _BLOCK:
+            importlib.machinery.PathFinder.find_spec(name, [p for p in sys.path if p != _SITE])
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+        return None
+sys.meta_path.insert(0, _Absent)
+"""
+
+
+class Baseline:
+    """The gateway of another revision, one more process over the same stack (same settings,
+    its own port): `git archive REV services/query-gateway/src` first on PYTHONPATH, and the
+    modules that revision did not depend on made unimportable (a sitecustomize)."""
+
+    def __init__(self, root: Path, rev: str, block: list[str]) -> None:
+        self.root, self.rev, self.block = root, rev, block
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = ""
+
+    async def start(self, bench: Bench) -> str:
+        src = self.root / "baseline"
+        src.mkdir(parents=True, exist_ok=True)
+        archive = await asyncio.to_thread(
+            subprocess.run,
+            ["git", "archive", self.rev, "services/query-gateway/src"],
+            cwd=HERE.parent,
+            capture_output=True,
+            check=True,
+        )
+        await asyncio.to_thread(
+            subprocess.run, ["tar", "-x", "-C", str(src)], input=archive.stdout, check=True
+        )
+        site = self.root / "baseline-site"
+        site.mkdir(exist_ok=True)
+        # absent as when that lock lacked them: a failed import still scans sys.path every time
+        await asyncio.to_thread((site / "sitecustomize.py").write_text, _ABSENT.format(block=self.block))
+        port = infra.free_port()
+        env = {
+            **bench.stack.service_envs["query-gateway"],
+            "HTTP_PORT": str(port),
+            "PYTHONPATH": f"{src / 'services/query-gateway/src'}{os.pathsep}{site}",
+        }
+        log = await asyncio.to_thread((self.root / "baseline.log").open, "ab")
+        self.proc = await asyncio.to_thread(
+            subprocess.Popen,
+            [sys.executable, "-c", "from query_gateway.__main__ import main; main()"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        self.url = f"http://127.0.0.1:{port}"
+        for _ in range(600):
+            try:
+                if (await bench.http.get(f"{self.url}/readyz")).status_code == 200:
+                    return self.url
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.1)
+        raise RuntimeError(f"the baseline gateway did not become ready; see {self.root / 'baseline.log'}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
 def _gateway_pid(bench: Bench) -> int:
@@ -94,62 +173,93 @@ def summarise(collapsed: Path, top: int) -> None:
             print(f"{100 * n / total:6.1f}%  {f}")
 
 
+async def _cpu_round(call, pid: int, n: int, conc: int) -> tuple[Stats, float, float]:  # type: ignore[no-untyped-def]
+    u0, k0 = cpu_times(pid)
+    s = await load(call, n, conc)
+    u1, k1 = cpu_times(pid)
+    return s, (u1 - u0) / s.n, (k1 - k0) / s.n
+
+
+def _line(label: str, s: Stats, user: float, system: float) -> str:
+    return (
+        f"{label}: gateway CPU {1000 * (user + system):.2f} ms/request "
+        f"(user {1000 * user:.2f}, system {1000 * system:.2f}), {s.rps:.0f} req/s, "
+        f"p50 {1000 * s.p50:.2f} ms (n={s.n})"
+    )
+
+
 async def main_async(args: argparse.Namespace, root: Path) -> None:
     async with Environment(root, log=lambda s: print(f"[stack] {s}", flush=True)) as bench:
-        await asyncio.sleep(3)
-        pid = _gateway_pid(bench)
-        c0 = cpu_seconds(pid)
-        await asyncio.sleep(5)
-        print(f"== idle: gateway CPU {1000 * (cpu_seconds(pid) - c0) / 5:.1f} ms per second", flush=True)
-        for path in args.path:
-            call = await _call(bench, path)
-            await load(call, 50, args.concurrency)  # warm
-            for _ in range(args.cpu_rounds):
-                u0, k0 = cpu_times(pid)
-                s = await load(call, args.cpu_requests, args.concurrency)
-                u1, k1 = cpu_times(pid)
-                used = u1 - u0 + k1 - k0
+        baseline = Baseline(root, args.baseline, args.baseline_block) if args.baseline else None
+        try:
+            await _measure(bench, args, baseline)
+        finally:
+            if baseline is not None:
+                await asyncio.to_thread(baseline.stop)
+
+
+async def _measure(bench: Bench, args: argparse.Namespace, baseline: Baseline | None) -> None:
+    await asyncio.sleep(3)
+    pid = _gateway_pid(bench)
+    c0 = cpu_seconds(pid)
+    await asyncio.sleep(5)
+    print(f"== idle: gateway CPU {1000 * (cpu_seconds(pid) - c0) / 5:.1f} ms per second", flush=True)
+    if baseline is not None:
+        await baseline.start(bench)
+        assert baseline.proc is not None
+        base_pid = baseline.proc.pid
+        print(f"== baseline {args.baseline} at {baseline.url} (pid {base_pid})", flush=True)
+    for path in args.path:
+        call = await _call(bench, path, bench.gateways[0])
+        await load(call, 50, args.concurrency)  # warm
+        base_call = None
+        if baseline is not None:
+            base_call = await _call(bench, path, baseline.url)
+            await load(base_call, 50, args.concurrency)
+        for _ in range(args.cpu_rounds):
+            # interleaved, so other load on the machine weighs on both alike
+            s, user, system = await _cpu_round(call, pid, args.cpu_requests, args.concurrency)
+            print("== " + _line(f"{path} c={args.concurrency} this tree", s, user, system), flush=True)
+            if base_call is not None:
+                s, user, system = await _cpu_round(base_call, base_pid, args.cpu_requests, args.concurrency)
                 print(
-                    f"== {path} c={args.concurrency}: gateway CPU {1000 * used / s.n:.2f} ms/request "
-                    f"(user {1000 * (u1 - u0) / s.n:.2f}, system {1000 * (k1 - k0) / s.n:.2f}), "
-                    f"{s.rps:.0f} req/s, p50 {1000 * s.p50:.2f} ms (n={s.n})",
-                    flush=True,
+                    "== " + _line(f"{path} c={args.concurrency} {args.baseline}", s, user, system), flush=True
                 )
-            if args.seconds <= 0:
-                continue
-            out = Path(f"{args.out}-{path}.txt")
-            cmd = [
-                *shlex.split(args.py_spy),
-                "record",
-                "--pid",
-                str(_gateway_pid(bench)),
-                "--subprocesses",
-                "--format",
-                "raw",
-                "--rate",
-                "500",
-                "--duration",
-                str(args.seconds),
-                "--output",
-                str(out),
-                "--nonblocking",
-            ]
-            spy = await asyncio.to_thread(
-                subprocess.Popen, cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-            )
-            await asyncio.sleep(1)
-            t0 = time.perf_counter()
-            n = 0
-            while time.perf_counter() - t0 < args.seconds - 1.5:
-                s = await load(call, 100, args.concurrency)
-                n += s.n
-            took = time.perf_counter() - t0
-            await asyncio.to_thread(spy.wait)
-            print(f"\n== {path}: {n} requests in {took:.1f}s at c={args.concurrency} ({n / took:.0f} req/s)")
-            if await asyncio.to_thread(out.exists):
-                summarise(out, args.top)
-            else:
-                print((spy.stderr.read() if spy.stderr else b"").decode())
+        if args.seconds <= 0:
+            continue
+        out = Path(f"{args.out}-{path}.txt")
+        cmd = [
+            *shlex.split(args.py_spy),
+            "record",
+            "--pid",
+            str(pid),
+            "--subprocesses",
+            "--format",
+            "raw",
+            "--rate",
+            "500",
+            "--duration",
+            str(args.seconds),
+            "--output",
+            str(out),
+            "--nonblocking",
+        ]
+        spy = await asyncio.to_thread(
+            subprocess.Popen, cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        await asyncio.sleep(1)
+        t0 = time.perf_counter()
+        n = 0
+        while time.perf_counter() - t0 < args.seconds - 1.5:
+            s = await load(call, 100, args.concurrency)
+            n += s.n
+        took = time.perf_counter() - t0
+        await asyncio.to_thread(spy.wait)
+        print(f"\n== {path}: {n} requests in {took:.1f}s at c={args.concurrency} ({n / took:.0f} req/s)")
+        if await asyncio.to_thread(out.exists):
+            summarise(out, args.top)
+        else:
+            print((spy.stderr.read() if spy.stderr else b"").decode())
 
 
 def main() -> int:
@@ -163,6 +273,15 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--cpu-rounds", type=int, default=3, help="gateway CPU per request, rounds")
     parser.add_argument("--cpu-requests", type=int, default=300)
+    parser.add_argument(
+        "--baseline", default=None, help="a git revision whose gateway is measured too, interleaved"
+    )
+    parser.add_argument(
+        "--baseline-block",
+        default=[],
+        action="append",
+        help="a module the baseline must not import (one its lock did not have), repeatable",
+    )
     parser.add_argument("--py-spy", default="uvx py-spy", help="how to run py-spy")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="dataplane-profile-") as tmp:
