@@ -132,8 +132,10 @@ class Gateway:
 
     async def execute(self, narrowed: NarrowedQuery, body: QueryBody, dataspace: bool) -> QueryPage:
         if dataspace:
-            # RF-08: the predicate's values are the consenting subjects; even the shape stays out
-            log.debug("narrowed statement withheld on a dataspace request")
+            # RF-08: the predicate's values are the consenting subjects; even the shape stays out.
+            # Guarded like the others: structlog runs its processors before stdlib drops the line
+            if _debug():
+                log.debug("narrowed statement withheld on a dataspace request")
         elif _debug():
             log.debug("narrowed statement", shape=sql_shape(narrowed.sql), params=list(narrowed.param_labels))
         limit = body.limit if body.limit > 0 else DEFAULT_LIMIT
