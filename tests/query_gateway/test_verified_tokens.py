@@ -1,6 +1,6 @@
 """The verified-token memo (query_gateway.verified) changes no outcome: a memoised bearer is never
 served at or after its exp, nor once the key that verified it has left the key set; `exp` is read
-as PyJWT reads it."""
+as PyJWT reads it. The same for an EDR token and its ds key set."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from jwt.algorithms import ECAlgorithm
 
 from dataplane_service_kit.errors import ServiceError
+from dataplane_service_kit.oauth import ClientCredentialsToken
 from query_gateway import verified
 from query_gateway.identity import OidcVerifier
 from query_gateway.verified import VerifiedTokens, exp_of, memoisable
@@ -116,3 +117,53 @@ async def test_a_refused_bearer_is_not_memoised(issuer: Issuer) -> None:
         with pytest.raises(ServiceError):
             await oidc.verify(expired)
     assert issuer.fetches == 1
+
+
+class Connector:
+    """A ds connector's EDR key set (`/internal/edr-jwks`), rotatable."""
+
+    def __init__(self) -> None:
+        self.keys: dict[str, ec.EllipticCurvePrivateKey] = {}
+        self.published: list[str] = []
+
+    def add(self, kid: str) -> None:
+        self.keys[kid] = ec.generate_private_key(ec.SECP256R1())
+        self.published.append(kid)
+
+    def jwks(self, request: httpx.Request) -> httpx.Response:
+        keys = []
+        for kid in self.published:
+            jwk: dict[str, Any] = ECAlgorithm.to_jwk(self.keys[kid].public_key(), as_dict=True)
+            keys.append({**jwk, "kid": kid, "alg": "ES256"})
+        return httpx.Response(200, json={"keys": keys})
+
+    def edr(self, kid: str, consumer: str) -> str:
+        claims = {"iss": "did:web:provider.test", "aud": consumer}
+        return jwt.encode(claims, self.keys[kid], algorithm="ES256", headers={"kid": kid})
+
+
+async def test_a_memoised_edr_token_is_refused_once_its_key_left_the_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from query_gateway import connector as connector_module
+    from query_gateway.connector import ConnectorClient
+    from query_gateway.settings import GatewaySettings
+
+    ds = Connector()
+    ds.add("e1")
+    http = httpx.AsyncClient(transport=httpx.MockTransport(ds.jwks))
+    settings = GatewaySettings.model_construct(
+        connector_internal_url="http://ds.test", connector_internal_urls={}, connector_timeout_seconds=5.0
+    )
+    tokens = ClientCredentialsToken(http, token_url=None, client_id=None, client_secret=None)
+    client = ConnectorClient(http, settings, tokens)
+    old = ds.edr("e1", "did:web:consumer-a.test")
+    first = await client.verify_edr(old)
+    assert await client.verify_edr(old) is first  # served from the memo
+    ds.add("e2")
+    ds.published = ["e2"]  # e1 retired; a token of e2 fails on the held set and refreshes it
+    monkeypatch.setattr(connector_module, "_REFRESH_SECONDS", 0.0)
+    assert (await client.verify_edr(ds.edr("e2", "did:web:consumer-b.test"))).consumer.endswith("b.test")
+    with pytest.raises(ServiceError) as err:
+        await client.verify_edr(old)
+    assert err.value.code == "invalid_token"
