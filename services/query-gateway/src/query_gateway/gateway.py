@@ -144,8 +144,12 @@ class Gateway:
         )
 
 
+_QUERY_LOGGER = logging.getLogger("query_gateway.query")  # the stdlib logger `log` writes to
+
+
 def _debug() -> bool:
-    return logging.getLogger("query_gateway.query").isEnabledFor(logging.DEBUG)
+    # isEnabledFor follows any later setLevel (the logging module clears its cache)
+    return _QUERY_LOGGER.isEnabledFor(logging.DEBUG)
 
 
 def _orgs(identity: CallerIdentity | None) -> tuple[Organization, ...]:

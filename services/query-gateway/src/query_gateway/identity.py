@@ -5,6 +5,7 @@ memoised until its `exp` while its key stays in the set (query_gateway.verified)
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +59,11 @@ class Caller:
         return tuple(sorted((o for o in self.orgs if READING_GROUPS & set(o.groups)), key=lambda o: o.alias))
 
     def identity(self) -> CallerIdentity:
+        return self._identity
+
+    @functools.cached_property
+    def _identity(self) -> CallerIdentity:
+        # built once per verified bearer (callers are memoised); CallerIdentity is frozen
         return CallerIdentity(
             sub=self.sub,
             username=self.username,
