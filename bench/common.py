@@ -73,6 +73,26 @@ async def load(call: Callable[[], Awaitable[None]], total: int, concurrency: int
     return stats
 
 
+async def load_for(
+    call: Callable[[], Awaitable[None]], seconds: float, concurrency: int, stats: Stats | None = None
+) -> Stats:
+    """`concurrency` workers calling `call` back to back until `seconds` have passed (into
+    `stats`, which others may read as it fills)."""
+    stats = stats if stats is not None else Stats()
+    deadline = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        while time.perf_counter() < deadline:
+            t0 = time.perf_counter()
+            await call()
+            stats.latencies.append(time.perf_counter() - t0)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    stats.wall = time.perf_counter() - t0
+    return stats
+
+
 def ms(seconds: float) -> str:
     return f"{seconds * 1000:.2f}"
 
@@ -86,13 +106,46 @@ class Row:
 
 
 @dataclass
+class Table:
+    title: str
+    header: list[str]
+    rows: list[list[str]]
+    note: str = ""
+
+    def text(self) -> str:
+        widths = [max(len(h), *(len(r[i]) for r in self.rows)) for i, h in enumerate(self.header)]
+        lines = [f"  {self.title}" + (f" ({self.note})" if self.note else "")]
+        for cells in [self.header, *self.rows]:
+            lines.append(
+                "    "
+                + "  ".join(
+                    c.rjust(w) if i else c.ljust(w)
+                    for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+                )
+            )
+        return "\n".join(lines)
+
+    def markdown(self) -> str:
+        out = [f"**{self.title}**" + (f" — {self.note}" if self.note else ""), ""]
+        out.append("| " + " | ".join(self.header) + " |")
+        out.append("|" + "|".join(["---", *("---:" for _ in self.header[1:])]) + "|")
+        out += ["| " + " | ".join(r) + " |" for r in self.rows]
+        return "\n".join(out)
+
+
+@dataclass
 class Report:
     rows: list[Row] = field(default_factory=list)
     checks: list[tuple[str, bool, str]] = field(default_factory=list)
+    tables: list[Table] = field(default_factory=list)
 
     def add(self, section: str, measure: str, value: str, note: str = "") -> None:
         self.rows.append(Row(section, measure, value, note))
         print(f"  {section:<34} {measure:<44} {value:>14}  {note}", flush=True)
+
+    def table(self, table: Table) -> None:
+        self.tables.append(table)
+        print(table.text(), flush=True)
 
     def check(self, name: str, ok: bool, detail: str) -> None:
         self.checks.append((name, ok, detail))
@@ -101,6 +154,8 @@ class Report:
     def markdown(self) -> str:
         out = ["| section | measure | value | note |", "|---|---|---:|---|"]
         out += [f"| {r.section} | {r.measure} | {r.value} | {r.note} |" for r in self.rows]
+        for t in self.tables:
+            out += ["", t.markdown()]
         if self.checks:
             out += ["", "Checks:", ""]
             out += [f"- [{'x' if ok else ' '}] {name}: {detail}" for name, ok, detail in self.checks]

@@ -1,4 +1,5 @@
-"""The five measurements of issue 8, each against the running system and its own floor."""
+"""The five measurements of issue 8, each against the running system and its own floor; the HTTP
+ones (1, 2a, 2b) also against the ceiling processes (bench/ceiling.py), all on replica 1."""
 
 from __future__ import annotations
 
@@ -6,15 +7,17 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 import httpx
 from aiokafka import AIOKafkaProducer
-from common import Report, Stats, UnexpectedAnswer, load, ms
-from system import AGREEMENT, INDEX, METERS, TABLE, Bench, bench_pods, owner
+from common import Report, Stats, UnexpectedAnswer, ms
+from harness import Harness
+from loadgen import Run, Target
+from system import AGREEMENT, DS_DECISION_TTL, INDEX, METERS, TABLE, Bench, bench_pods, owner
 
 from dataplane_contracts.catalogue import load_catalogue
 from dataplane_contracts.events import DisclosureRecorded
@@ -29,6 +32,7 @@ from dataplane_local.demo import (
     signal,
     start_pull_flow,
 )
+from dataplane_local.doubles.ds_connector import DsConnectorDouble
 from query_gateway.sql import load_column_types, narrow_query, validate_query
 from query_gateway.sql.pagination import page_and_count
 
@@ -39,15 +43,15 @@ PAGE = 100
 
 @dataclass(frozen=True)
 class Sizes:
-    c1: int
-    c32: int
+    seconds: float  # the measured window of each HTTP (and floor) run
+    margin: float  # load before and after the window: the run lasts seconds + 2 × margin
     misses: int
     revocations: int
     burst: int
 
     @classmethod
     def of(cls, quick: bool) -> Sizes:
-        return cls(60, 320, 30, 20, 2_000) if quick else cls(300, 1_600, 150, 100, 10_000)
+        return cls(3, 1, 30, 20, 2_000) if quick else cls(10, 2, 150, 100, 10_000)
 
 
 def _expect(r: httpx.Response, status: int = 200) -> httpx.Response:
@@ -80,49 +84,56 @@ def _uses_index(plan: Any) -> bool:
     return False
 
 
-async def _compare(
-    report: Report,
-    section: str,
-    label: str,
-    call: Callable[[], Awaitable[None]],
-    floor: Callable[[], Awaitable[None]],
-    sizes: Sizes,
-) -> None:
-    """`call` and its floor at concurrency 1 and 32, measured back to back."""
-    for conc, total in ((1, sizes.c1), (32, sizes.c32)):
-        s = await load(call, total, conc, warmup=20)
-        f = await load(floor, total, conc, warmup=20)
-        _pair(report, section, f"{label} c={conc}", s, f"asyncpg floor c={conc}", f)
+def _ceiling_spec(bench: Bench, page_sql: str, params: tuple[Any, ...]) -> dict[str, Any]:
+    """What a ceiling process runs: the floor's statement, over the gateway's own database URL."""
+    env = bench.stack.service_envs["query-gateway"]
+    return {
+        "database_url": env["DATASETS_DATABASE_URL"],
+        "sql": page_sql,
+        "params": list(params),
+        "offset": 0,
+        "limit": PAGE,
+        "kafka_bootstrap": env["KAFKA_BOOTSTRAP_SERVERS"],
+        "kafka_enable_idempotence": env.get("KAFKA_ENABLE_IDEMPOTENCE", "false").lower() == "true",
+    }
 
 
-def _pair(
-    report: Report, section: str, a_label: str, a: Stats, b_label: str, b: Stats, show_b: bool = True
-) -> None:
-    report.add(section, f"{a_label}: req/s", f"{a.rps:.0f}", f"n={a.n}")
-    report.add(section, f"{a_label}: p50 / p99 ms", f"{ms(a.p50)} / {ms(a.p99)}")
-    if show_b:
-        report.add(section, f"{b_label}: req/s", f"{b.rps:.0f}", f"n={b.n}")
-        report.add(section, f"{b_label}: p50 / p99 ms", f"{ms(b.p50)} / {ms(b.p99)}")
-    report.add(section, f"throughput ratio {a_label} / {b_label}", f"{a.rps / b.rps:.3f}")
-    report.add(section, "added latency p50 / p99 ms", f"{ms(a.p50 - b.p50)} / {ms(a.p99 - b.p99)}")
+def _ds_verdict(bench: Bench) -> dict[str, Any]:
+    """ds's answer for the bench request, computed by the double's own code from the same policy."""
+    double = DsConnectorDouble(bench.policy)
+    return double.decide(
+        "", {"consumer_did": DEMO_CONSUMER, "agreement_id": AGREEMENT, "dataset_ids": [TABLE]}
+    )
 
 
-async def edr_and_pull(bench: Bench, report: Report, sizes: Sizes) -> None:
-    """(1) warm EDR path vs the same narrowed SQL through asyncpg; (2) DPS pull vs EDR."""
+async def _same_items(bench: Bench, url: str, body: dict[str, Any], headers: dict[str, str]) -> list[Any]:
+    return list(_expect(await bench.http.post(url, json=body, headers=headers)).json()["items"])
+
+
+async def edr_and_pull(bench: Bench, report: Report, sizes: Sizes, h: Harness) -> None:
+    """(1) warm EDR path vs the ceilings and the asyncpg floor; (2a) DPS pull vs EDR. Replica 1."""
     pods = bench_pods()
     plans = {TABLE: [Plan.among("pod", pods, key_type="pod"), Plan.allow_all()]}
     page_sql, params = await _floor(bench, plans, EDR_SQL)
+    verdict = _ds_verdict(bench)
+    ttl = (verdict.get("cache") or {}).get("ttl_seconds")
+    report.check(
+        f"ds's verdict for {AGREEMENT} carries cache.ttl_seconds (warm = decision cached)",
+        verdict["decision"] == "allow" and isinstance(ttl, int) and ttl >= DS_DECISION_TTL,
+        f"decision {verdict['decision']}, cache {verdict.get('cache')}",
+    )
     pool = await asyncpg.create_pool(bench.datasets_url, min_size=10, max_size=10)  # the gateway's size
     try:
         explain = json.loads(await pool.fetchval("EXPLAIN (FORMAT JSON) " + page_sql, *params))
         report.check("EXPLAIN of the narrowed statement uses the key index", _uses_index(explain), INDEX)
-        gw = bench.gateways[0]
+        gw = bench.gateways[0]  # replica 1 only: its CPU per request is the whole request's
         token = await bench.edr_token()
         edr_headers = {"Authorization": f"Bearer {token}", "Edc-Contract-Agreement-Id": AGREEMENT}
         body = {"sql": EDR_SQL, "limit": PAGE, "skip_count": True}
-        first = _expect(await bench.http.post(f"{gw}/query", json=body, headers=edr_headers)).json()
+        raw = json.dumps(body).encode()
+        first = await _same_items(bench, f"{gw}/query", body, edr_headers)
         floor_rows = [dict(r) for r in await pool.fetch(page_sql, *params)]
-        same = [r["pod"] for r in first["items"]] == [r["pod"] for r in floor_rows] == sorted(pods)
+        same = [r["pod"] for r in first] == [r["pod"] for r in floor_rows] == sorted(pods)
         report.check("gateway and floor return the same 100 consenting pods", same, f"{len(floor_rows)} rows")
 
         wire = Wire(bench.http)
@@ -130,29 +141,83 @@ async def edr_and_pull(bench: Bench, report: Report, sizes: Sizes) -> None:
         flow = await start_pull_flow(wire, bench.info, cp, agreement=AGREEMENT, dataset=TABLE)
         pull_headers = {"Authorization": f"Bearer {flow.token}"}
 
-        async def edr() -> None:
-            _expect(await bench.http.post(f"{gw}/query", json=body, headers=edr_headers))
-
-        async def dps() -> None:
-            _expect(await bench.http.post(f"{gw}/dps/public/query", json=body, headers=pull_headers))
+        spec = _ceiling_spec(bench, page_sql, params)
+        dataset = verdict["datasets"][0]
+        full_spec = {
+            **spec,
+            "disclosure": {  # what the gateway publishes for this request (dataspace.py)
+                "provider_participant": DEMO_PROVIDER,
+                "consumer_id": DEMO_CONSUMER,
+                "agreement_id": AGREEMENT,
+                "transfer_id": None,
+                "dataset_id": TABLE,
+                "decision_ref": verdict.get("decision_ref"),
+                "authorized_subject_ids": list(dataset["row_filter"]["subject_dids"]),
+            },
+        }
 
         async def floor() -> None:
             await pool.fetch(page_sql, *params)
 
         s1, s2 = "1 warm EDR, 100-key filter, 1M rows", "2a DPS pull vs EDR (same verdict)"
-        for conc, total in ((1, sizes.c1), (32, sizes.c32)):
-            # back to back at each concurrency, so the three share the machine's state
-            e = await load(edr, total, conc, warmup=20)
-            f = await load(floor, total, conc, warmup=20)
-            d = await load(dps, total, conc, warmup=20)
-            _pair(report, s1, f"EDR /query c={conc}", e, f"asyncpg floor c={conc}", f)
-            _pair(report, s2, f"DPS pull c={conc}", d, f"(EDR /query c={conc})", e, show_b=False)
+        async with (
+            h.ceiling("ceiling-edr", spec) as ceil,
+            h.ceiling("ceiling-edr-full", full_spec, True) as full,
+        ):
+            answers = [await _same_items(bench, f"{u}/query", body, edr_headers) for u in (ceil, full)]
+            same_ceiling = answers == [first, first]
+            report.check("both ceilings answer the gateway's items", same_ceiling, f"{len(first)} items")
+            idle = await h.idle(max(2.0, h.margin * 2))
+            runs: list[Run] = []
+            for conc in (1, 32):
+                # back to back at each concurrency, so all share the machine's state
+                edr = await h.http(
+                    Target(f"EDR gw-1 c={conc}", f"{gw}/query", raw, edr_headers), conc, disclosures=True
+                )
+                fw = await h.http(
+                    Target(f"full-work ceiling c={conc}", f"{full}/query", raw, edr_headers),
+                    conc,
+                    disclosures=True,
+                )
+                ce = await h.http(Target(f"ceiling c={conc}", f"{ceil}/query", raw, edr_headers), conc)
+                fl = await h.floor(floor, conc, f"asyncpg floor c={conc}")
+                dps = await h.http(
+                    Target(f"DPS pull gw-1 c={conc}", f"{gw}/dps/public/query", raw, pull_headers),
+                    conc,
+                    disclosures=True,
+                )
+                for r in (edr, fw, ce, fl):
+                    h.add_run(s1, r)
+                h.ratio(s1, edr, fl)
+                h.ratio(s1, edr, ce)
+                h.ratio(s1, edr, fw)
+                h.ratio(s1, ce, fl)
+                if conc == 1:
+                    h.added(s1, edr, fl)
+                    h.added(s1, edr, fw)
+                h.net_cpu_row(s1, [edr, fw, ce], idle)
+                h.add_run(s2, dps)
+                h.ratio(s2, dps, edr)
+                h.ratio(s2, dps, fl)
+                if conc == 1:
+                    h.added(s2, dps, fl)
+                h.net_cpu_row(s2, [dps, edr], idle)
+                runs += [edr, fw, ce, fl, dps]
+        h.cpu_table("1 and 2a, EDR and DPS pull on replica 1", runs, idle)
+        h.answers_check(
+            "every HTTP run of 1 and 2a answered 2xx only", [r for r in runs if "floor" not in r.label]
+        )
+        report.check(
+            "the relay delivered every disclosure of those runs to ds",
+            not h.undelivered,
+            f"not all delivered after: {', '.join(h.undelivered)}" if h.undelivered else "after each run",
+        )
     finally:
         await pool.close()
 
 
-async def normal_path(bench: Bench, report: Report, sizes: Sizes) -> None:
-    """(2b) the normal API path with `direct_user_match` vs its asyncpg floor."""
+async def normal_path(bench: Bench, report: Report, sizes: Sizes, h: Harness) -> None:
+    """(2b) the normal API path with `direct_user_match` vs its ceiling and asyncpg floor."""
     me = owner(42)
     plans = {TABLE: [Plan.among("owner", [me], label="user ids"), Plan.allow_all()]}
     page_sql, params = await _floor(bench, plans, USER_SQL)
@@ -165,16 +230,37 @@ async def normal_path(bench: Bench, report: Report, sizes: Sizes) -> None:
         gw = bench.gateways[0]
         headers = {"Authorization": f"Bearer {await bench.user_token(me)}"}
         body = {"sql": USER_SQL, "limit": PAGE, "skip_count": True}
-        got = _expect(await bench.http.post(f"{gw}/query", json=body, headers=headers)).json()["items"]
+        raw = json.dumps(body).encode()
+        got = await _same_items(bench, f"{gw}/query", body, headers)
         report.check("normal path serves the caller's own 100 rows", len(got) == PAGE, f"{len(got)} rows")
-
-        async def normal() -> None:
-            _expect(await bench.http.post(f"{gw}/query", json=body, headers=headers))
 
         async def floor() -> None:
             await pool.fetch(page_sql, *params)
 
-        await _compare(report, "2b normal path, direct_user_match", "normal /query", normal, floor, sizes)
+        s = "2b normal path, direct_user_match"
+        async with h.ceiling("ceiling-normal", _ceiling_spec(bench, page_sql, params)) as ceil:
+            ceiling_items = await _same_items(bench, f"{ceil}/query", body, headers)
+            report.check(
+                "the ceiling answers the gateway's items (normal)", ceiling_items == got, f"{len(got)} items"
+            )
+            idle = await h.idle(max(2.0, h.margin * 2))
+            runs: list[Run] = []
+            for conc in (1, 32):
+                nr = await h.http(Target(f"normal gw-1 c={conc}", f"{gw}/query", raw, headers), conc)
+                ce = await h.http(Target(f"ceiling c={conc}", f"{ceil}/query", raw, headers), conc)
+                fl = await h.floor(floor, conc, f"asyncpg floor c={conc}")
+                for r in (nr, ce, fl):
+                    h.add_run(s, r)
+                h.ratio(s, nr, fl)
+                h.ratio(s, nr, ce)
+                h.ratio(s, ce, fl)
+                if conc == 1:
+                    h.added(s, nr, fl)
+                    h.added(s, nr, ce)
+                h.net_cpu_row(s, [nr, ce], idle)
+                runs += [nr, ce, fl]
+        h.cpu_table("2b, normal path on replica 1", runs, idle)
+        h.answers_check("every HTTP run of 2b answered 2xx only", [r for r in runs if "floor" not in r.label])
     finally:
         await pool.close()
 

@@ -1,6 +1,7 @@
 """The benchmarked system: an embedded PostgreSQL seeded with a 1 000 000-row table (indexed on its
 key column), then the whole local stack over it (`Stack.up`: two gateway replicas, one resolver),
-with a bench catalogue and a ds agreement whose verdict carries a 100-key `subject_key_match`."""
+with a bench catalogue and a ds agreement whose verdict carries a 100-key `subject_key_match` and
+a decision cache ttl (`cache.ttl_seconds`)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ KEYS = 100
 AGREEMENT = "agr-bench"
 METERS = "bench_meters"  # a copy of the demo's meter_readings, behind a rec_registry person layer
 ORG_LAYER = {"handler": "allow_all", "binds": "organization"}
+# how long the gateway may reuse ds's decision for agr-bench (`cache.ttl_seconds` of the verdict):
+# longer than any run, so a warm run is one whose decision is cached once the gateway caches them
+DS_DECISION_TTL = 300
 
 
 def pod(i: int) -> str:
@@ -116,6 +120,7 @@ class Bench:
     admin_url: str
     datasets_url: str
     policy: dict[str, Any]
+    pg_pid: int  # the postmaster; its backends are its children
 
     @property
     def gateways(self) -> list[str]:
@@ -153,6 +158,7 @@ def bench_policy() -> dict[str, Any]:
     keys = [f"pod:{p}" for p in bench_pods()]
     policy["agreements"][AGREEMENT] = {
         "consumer": DEMO_CONSUMER,
+        "cache": {"ttl_seconds": DS_DECISION_TTL},
         "datasets": [
             {
                 "dataset_id": TABLE,
@@ -211,6 +217,7 @@ class Environment:
             admin_url=self.pg.url,
             datasets_url=provision.with_database(self.pg.url, provision.DATASETS_DB),
             policy=bench_policy(),
+            pg_pid=self.pg.pid,
         )
         await bench.ds_control({"action": "policy", "policy": bench.policy})
         return bench

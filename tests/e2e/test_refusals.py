@@ -5,6 +5,7 @@ field (RF-02, 502), an unknown handler (RF-06, 403), and an empty allow-list (no
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any
 
 import httpx
@@ -24,6 +25,12 @@ def _verdict(row_filter: dict[str, Any]) -> dict[str, Any]:
 SKM = {"handler": "subject_key_match", "args": {"column": "pod", "key_type": "pod"}}
 
 
+def _fresh() -> str:
+    """A transfer ds has not been asked about: each gateway may reuse ds's answer to the same
+    question for the ttl ds gave it, and a refusal test needs ds to be asked."""
+    return f"tp-{uuid.uuid4().hex[:12]}"
+
+
 async def test_ds_unreachable_refuses_502_serves_nothing_publishes_nothing(system: System) -> None:
     wire = Wire(system.http)
     flow = await start_pull_flow(wire, system.info, await control_plane_token(wire, system.info))
@@ -32,14 +39,24 @@ async def test_ds_unreachable_refuses_502_serves_nothing_publishes_nothing(syste
     before = {t: await system.end_offset(t) for t in topics}
     await system.ds_control({"action": "fault", "endpoint": "authorize", "status": 503})
     try:
-        answers = [await system.edr_query(DEMO_AGREEMENT, gateway=g, token=edr) for g in system.gateways]
-        answers += [await pull(wire, f"{g}/dps/public", flow.token, show=False) for g in system.gateways]
+        answers = [
+            await system.edr_query(DEMO_AGREEMENT, gateway=g, token=edr, transfer_id=_fresh())
+            for g in system.gateways
+        ]
+        answers += [
+            await pull(wire, f"{g}/dps/public", flow.token, transfer_id=_fresh(), show=False)
+            for g in system.gateways
+        ]
     finally:
         await system.ds_control({"action": "clear_faults"})
     # ds not answering at all: the gateway's connector timeout (5 s) passes first
     await system.ds_control({"action": "fault", "endpoint": "authorize", "status": None, "delay_seconds": 8})
     try:
-        answers.append(await system.edr_query(DEMO_AGREEMENT, gateway=system.gateways[1], token=edr))
+        answers.append(
+            await system.edr_query(
+                DEMO_AGREEMENT, gateway=system.gateways[1], token=edr, transfer_id=_fresh()
+            )
+        )
     finally:
         await system.ds_control({"action": "clear_faults"})
     for r in answers:
@@ -62,8 +79,14 @@ async def test_ds_connection_refused_refuses_502_serves_nothing_publishes_nothin
     try:
         with pytest.raises(httpx.ConnectError):  # the premise: nothing listens there any more
             await system.http.get(f"{system.info.ds_url}/_participants")
-        answers = [await system.edr_query(DEMO_AGREEMENT, gateway=g, token=edr) for g in system.gateways]
-        answers += [await pull(wire, f"{g}/dps/public", flow.token, show=False) for g in system.gateways]
+        answers = [
+            await system.edr_query(DEMO_AGREEMENT, gateway=g, token=edr, transfer_id=_fresh())
+            for g in system.gateways
+        ]
+        answers += [
+            await pull(wire, f"{g}/dps/public", flow.token, transfer_id=_fresh(), show=False)
+            for g in system.gateways
+        ]
     finally:
         # the same port and configuration (and EDR key); the policy the tests changed is put back
         await asyncio.to_thread(system.stack.start_double, "ds-connector")

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -96,6 +97,34 @@ def ds_policy(datasets: list[dict[str, Any]], consents: dict[str, Any] | None = 
         "agreements": {AGREEMENT: {"consumer": CONSUMER, "datasets": datasets}},
         "consents": consents or {},
     }
+
+
+# the pull-grant view in the shape signaling publishes it
+PULL_GRANTS_DDL = (
+    "CREATE TABLE dps_pull_grants (token_id text PRIMARY KEY, flow_id text, state text,"
+    " agreement_id text, dataset_id text, participant_id text, counter_party_id text)"
+)
+
+
+@contextlib.asynccontextmanager
+async def scratch_database(postgres_url: str, schema: str) -> AsyncIterator[str]:
+    """A database of its own on the session's server, created with `schema`, dropped after."""
+    name = f"scratch_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(postgres_url)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    await admin.close()
+    url = f"{postgres_url.rpartition('/')[0]}/{name}"
+    try:
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute(schema)
+        finally:
+            await conn.close()
+        yield url
+    finally:
+        admin = await asyncpg.connect(postgres_url)
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
 
 
 @contextlib.asynccontextmanager

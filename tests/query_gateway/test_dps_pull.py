@@ -17,7 +17,17 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from gateway_support import AGREEMENT, CONSUMER, PROVIDER, TopicTail, World, ds_policy, running_gateway
+from gateway_support import (
+    AGREEMENT,
+    CONSUMER,
+    PROVIDER,
+    PULL_GRANTS_DDL,
+    TopicTail,
+    World,
+    ds_policy,
+    running_gateway,
+    scratch_database,
+)
 
 from dataplane_local.doubles.ds_connector import DsConnectorDouble
 
@@ -36,21 +46,9 @@ def pull_token(jti: str, aud: str = CONSUMER, iss: str = PROVIDER, key: Any = KE
 
 @pytest.fixture(scope="module")
 async def flows_url(postgres_url: str) -> AsyncIterator[str]:
-    name = f"flows_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(postgres_url)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    await admin.close()
-    url = f"{postgres_url.rpartition('/')[0]}/{name}"
-    conn = await asyncpg.connect(url)
-    await conn.execute(
-        "CREATE TABLE dps_pull_grants (token_id text PRIMARY KEY, flow_id text, state text,"
-        " agreement_id text, dataset_id text, participant_id text, counter_party_id text)"
-    )
-    await conn.close()
-    yield url
-    admin = await asyncpg.connect(postgres_url)
-    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await admin.close()
+    """A flows database holding the pull-grant view in the shape signaling publishes."""
+    async with scratch_database(postgres_url, PULL_GRANTS_DDL) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

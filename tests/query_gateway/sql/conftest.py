@@ -10,6 +10,7 @@ import asyncpg
 import pytest
 
 from query_gateway.sql import QueryExecutor, load_column_types
+from query_gateway.sql.execute import datasets_pool
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -24,9 +25,10 @@ async def db(fresh_database: str) -> AsyncIterator[Db]:
         await seed(conn, "public.readings", "public.meters", 'energy."Sites"')
     finally:
         await conn.close()
-    pool = await asyncpg.create_pool(fresh_database, min_size=1, max_size=2)
+    # the gateway's own pool: read-only sessions with the timeout, one statement per page
+    pool = await datasets_pool(fresh_database, statement_timeout_ms=5000, max_size=2)
     try:
         columns = await load_column_types(pool, CATALOGUE)
-        yield Db(fresh_database, pool, columns, QueryExecutor(pool, statement_timeout_ms=5000))
+        yield Db(fresh_database, pool, columns, QueryExecutor(pool, 5000, session_defaults=True))
     finally:
         await pool.close()

@@ -10,6 +10,7 @@ from sqlgw_support import READINGS, Db, allow_all, pods
 
 from dataplane_service_kit.errors import ServiceError
 from query_gateway.sql import MAX_LIMIT, NarrowedQuery, QueryExecutor
+from query_gateway.sql.execute import datasets_pool
 from query_gateway.sql.pagination import page_and_count
 
 
@@ -28,12 +29,17 @@ async def test_runs_in_a_read_only_transaction(db: Db) -> None:
         skip_count=True,
     )
     assert page.items == [{"ro": "on", "t": "5s"}]
-    async with db.pool.acquire() as conn:
-        await conn.execute("CREATE SEQUENCE s")
+    owner = await asyncpg.connect(db.url)  # the pool's sessions are read-only: set up beside it
+    try:
+        await owner.execute("CREATE SEQUENCE s")
+    finally:
+        await owner.close()
     with pytest.raises(ServiceError) as err:  # a write inside the statement is refused by PostgreSQL
         await db.executor.run(_raw("SELECT nextval('s') AS n"), offset=0, limit=10, skip_count=True)
     assert (err.value.status_code, err.value.code) == (400, "query_failed")
-    assert "ReadOnlySQLTransaction" in err.value.detail
+    assert err.value.detail == "Database query failed"  # no class, no SQLSTATE (issue 19)
+    async with db.pool.acquire() as conn:  # refused by PostgreSQL: the sequence never advanced
+        assert await conn.fetchval("SELECT is_called FROM s") is False
 
 
 async def test_statement_timeout_is_query_timeout(db: Db) -> None:
@@ -41,9 +47,39 @@ async def test_statement_timeout_is_query_timeout(db: Db) -> None:
     with pytest.raises(ServiceError) as err:
         await slow.run(_raw("SELECT pg_sleep(5) AS x"), offset=0, limit=10, skip_count=True)
     assert (err.value.code, err.value.status_code) == ("query_timeout", 400)
-    # the timeout was local to that transaction
+    # the timeout was local to that transaction: the session keeps its own default
     async with db.pool.acquire() as conn:
-        assert await conn.fetchval("SHOW statement_timeout") == "0"
+        assert await conn.fetchval("SHOW statement_timeout") == "5s"
+
+
+async def test_statement_timeout_of_the_one_statement_path_is_query_timeout(db: Db) -> None:
+    pool = await datasets_pool(db.url, statement_timeout_ms=50, max_size=1)
+    try:
+        fast = QueryExecutor(pool, 50, session_defaults=True)
+        for skip_count in (True, False):
+            with pytest.raises(ServiceError) as err:
+                await fast.run(_raw("SELECT pg_sleep(5) AS x"), offset=0, limit=10, skip_count=skip_count)
+            assert (err.value.code, err.value.status_code) == ("query_timeout", 400)
+        # the session is still read-only and usable after the cancelled statements
+        page = await fast.run(
+            _raw("SELECT current_setting('transaction_read_only') AS ro"), offset=0, limit=1, skip_count=False
+        )
+        assert page.items == [{"ro": "on"}] and page.total == 1
+    finally:
+        await pool.close()
+
+
+@pytest.mark.parametrize("offset", [0, 5, 31, 32, 40])
+async def test_qe04_the_total_rides_with_the_page_and_past_the_end_is_counted(db: Db, offset: int) -> None:
+    """One statement carries page and total; a page past the end counts in a transaction of its
+    own. Either way the total is the whole result's and the total column never reaches a row."""
+    page = await db.query("SELECT id, pod FROM readings ORDER BY id", allow_all(), offset=offset, limit=5)
+    assert page.total == len(READINGS)
+    assert [i["id"] for i in page.items] == [r[0] for r in READINGS][offset : offset + 5]
+    assert all(set(i) == {"id", "pod"} for i in page.items)
+    narrowed = db.narrow("SELECT id FROM readings", pods("pod-9"))  # no such pod: no row at all
+    empty = await db.executor.run(narrowed, offset=offset, limit=5, skip_count=False)
+    assert (empty.items, empty.total) == ([], 0)
 
 
 async def test_sql_error_is_query_failed_without_values(db: Db) -> None:
@@ -119,13 +155,15 @@ def test_qe04_outer_order_by(case: str) -> None:
     from query_gateway.sql import narrow_query, validate_query
 
     sql, order = QE04[case]
+    # every column: a qualified reference is checked against them (issue 19, attribute notation)
     columns = {
-        "public.readings": {"pod": "text", "org": "text"},
-        "meters": {"pod": "text"},
-        'energy."Sites"': {},
+        "public.readings": {"id": "integer", "pod": "text", "value": "integer", "org": "text"},
+        "meters": {"pod": "text", "kind": "text", "org": "text"},
+        'energy."Sites"': {"site_id": "integer", "site_uuid": "uuid", "pod": "text", "name": "text"},
     }
     narrowed = narrow_query(validate_query(sql, CATALOGUE), CATALOGUE, allow_all(), columns)
     page, count = page_and_count(narrowed.sql, 0, denied=False)
+    assert tuple(page_and_count(narrowed.sql, 0, False, narrowed.order_by)) == (page, count)  # parse-once
     assert page == f"SELECT * FROM ({narrowed.sql}) AS q{order} LIMIT $1 OFFSET $2"
     assert count == f"SELECT count(*) FROM ({narrowed.sql}) AS q"
 

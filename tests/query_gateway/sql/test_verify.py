@@ -5,7 +5,7 @@ subquery carrying its dataset's predicate; narrow_query refuses what it cannot p
 from __future__ import annotations
 
 import pytest
-from sqlgw_support import CATALOGUE, allow_all, pods
+from sqlgw_support import CATALOGUE, Db, allow_all, pods
 
 from dataplane_contracts.catalogue import Catalogue
 from dataplane_service_kit.errors import ServiceError
@@ -14,7 +14,7 @@ from query_gateway.sql.verify import verify_narrowed
 
 PRED = '_dp_rf."pod" = ANY(CAST($1 AS TEXT[]))'
 EXPECTED = {("public", "readings"): {PRED}}
-GOOD = f"SELECT * FROM (SELECT * FROM public.readings AS _dp_rf WHERE {PRED}) AS r"
+GOOD = f"SELECT * FROM (SELECT * FROM public.readings AS _dp_rf WHERE {PRED} OFFSET 0) AS r"
 
 BAD = {
     "bare table": "SELECT * FROM public.readings",
@@ -27,6 +27,13 @@ BAD = {
     "narrowing with projection": f"SELECT * FROM (SELECT pod FROM public.readings AS _dp_rf WHERE {PRED}) AS r",
     "uncatalogued table": f"SELECT * FROM (SELECT * FROM public.meters AS _dp_rf WHERE {PRED}) AS r",
     "stray parameter": f"SELECT $2 AS x FROM ({GOOD}) AS y",
+    # the barrier (issue 19): without it the caller's predicates can see rejected rows
+    "narrowing without the barrier": f"SELECT * FROM (SELECT * FROM public.readings AS _dp_rf WHERE {PRED}) AS r",
+    "barrier of another offset": f"SELECT * FROM (SELECT * FROM public.readings AS _dp_rf WHERE {PRED} OFFSET 1) AS r",
+    "barrier as a parameter": f"SELECT * FROM (SELECT * FROM public.readings AS _dp_rf WHERE {PRED} OFFSET $1) AS r",
+    "barrier as an expression": f"SELECT * FROM (SELECT * FROM public.readings AS _dp_rf WHERE {PRED} OFFSET 0 + 0) AS r",
+    "barrier with a limit": f"SELECT * FROM (SELECT * FROM public.readings AS _dp_rf WHERE {PRED} LIMIT 100 OFFSET 0) AS r",
+    "barrier in a cte only": f"WITH x AS (SELECT * FROM public.readings AS _dp_rf WHERE {PRED}) SELECT * FROM ({GOOD}) AS y, x",
 }
 
 
@@ -39,7 +46,7 @@ def test_verifier_refuses_an_unnarrowed_read(case: str) -> None:
 
 
 def test_verifier_requires_false_in_every_select_of_a_deny() -> None:
-    narrowing = "(SELECT * FROM public.readings AS _dp_rf WHERE FALSE) AS r"
+    narrowing = "(SELECT * FROM public.readings AS _dp_rf WHERE FALSE OFFSET 0) AS r"
     expected = {("public", "readings"): {"FALSE"}}
     verify_narrowed(f"SELECT * FROM {narrowing} WHERE FALSE", expected, denied=True, n_params=0)
     with pytest.raises(ServiceError):
@@ -67,3 +74,41 @@ def test_every_touched_dataset_needs_its_plans() -> None:
         narrow_query(v, CATALOGUE, {"readings": pods("pod-1")["readings"]}, columns)
     assert err.value.code == "sql_refused"
     assert narrow_query(v, CATALOGUE, allow_all(), columns).sql.count("_dp_rf WHERE TRUE") == 2
+
+
+def test_verifier_leaves_a_true_narrowing_unfenced_and_fences_every_other() -> None:
+    """Issue 19: a predicate of TRUE hides no row, so it needs no barrier (and keeps the caller's
+    predicates on the table's indexes); a deny's FALSE is fenced like any other predicate."""
+    expected = {("public", "readings"): {"TRUE"}}
+    verify_narrowed(
+        "SELECT * FROM (SELECT * FROM public.readings AS _dp_rf WHERE TRUE) AS r",
+        expected,
+        denied=False,
+        n_params=0,
+    )
+    verify_narrowed(
+        "SELECT * FROM (SELECT * FROM public.readings AS _dp_rf WHERE TRUE OFFSET 0) AS r",
+        expected,
+        denied=False,
+        n_params=0,
+    )
+    with pytest.raises(ServiceError):
+        verify_narrowed(
+            "SELECT * FROM (SELECT * FROM public.readings AS _dp_rf WHERE FALSE) AS r WHERE FALSE",
+            {("public", "readings"): {"FALSE"}},
+            denied=True,
+            n_params=0,
+        )
+
+
+async def test_narrow_query_fences_every_filtered_read(db: Db) -> None:
+    """Issue 19: every narrowing the rewrite emits with a predicate other than TRUE carries the
+    barrier, in the main body, a CTE, a derived table, a scalar subquery and a join."""
+    sql = (
+        "WITH c AS MATERIALIZED (SELECT * FROM readings) "
+        "SELECT r.id, (SELECT count(*) FROM readings x) AS n FROM readings r "
+        "JOIN (SELECT * FROM readings) d ON d.id = r.id, c WHERE c.id = r.id"
+    )
+    narrowed = db.narrow(sql, pods("pod-1"))
+    assert narrowed.sql.count("AS _dp_rf WHERE") == 4
+    assert narrowed.sql.count("OFFSET 0") == 4

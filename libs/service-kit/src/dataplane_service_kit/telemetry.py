@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from fastapi import FastAPI
+from fastapi.telemetry import TelemetryConfig
 from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -121,14 +122,30 @@ def _instrument_libraries() -> None:
     AIOKafkaInstrumentor().instrument()
 
 
+# FastAPI's own telemetry (its spans, metrics and log records per request), switched off: the
+# instrumentor below makes the server spans, and a second set of per-request spans beside them
+# cost a sixth of the gateway's CPU per request and told nothing more.
+FASTAPI_TELEMETRY: TelemetryConfig = {
+    "tracing": False,
+    "metrics": False,
+    "logs": False,
+    "operation_spans": False,
+    "auto_configure": False,
+}
+
+
 def instrument_app(app: FastAPI) -> None:
-    """Server spans for every HTTP request except the probes and the scrape; nothing when the
-    SDK is disabled (no tracing at all, not even no-op middleware)."""
+    """One server span for every HTTP request except the probes and the scrape; nothing when the
+    SDK is disabled (no tracing at all, not even no-op middleware). The ASGI `receive` and `send`
+    events get no span of their own: two to four internal spans per request, each as costly as
+    the server span, carrying only the message type."""
     if sdk_disabled(os.environ):
         return
     from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
-    FastAPIInstrumentor.instrument_app(app, excluded_urls="healthz,readyz,metrics")
+    FastAPIInstrumentor.instrument_app(
+        app, excluded_urls="healthz,readyz,metrics", exclude_spans=["receive", "send"]
+    )
 
 
 def shutdown_telemetry() -> None:

@@ -17,6 +17,7 @@ from fastapi import FastAPI
 
 from dataplane_service_kit.health import ReadinessCheck, health_router
 from dataplane_service_kit.logs import get_logger
+from dataplane_service_kit.telemetry import FASTAPI_TELEMETRY
 from filter_resolver.consumer import PlanRequestConsumer
 from filter_resolver.handlers.http_in_list import HttpInListHandler
 from filter_resolver.handlers.plugins import PluginHandler, load_entry_point_plugins, load_module_plugins
@@ -153,7 +154,14 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> FastAPI:
             return {"kafka": _never, "redis": _never}
         return runtime.checks()
 
-    app = FastAPI(title="filter-resolver", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="filter-resolver",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        telemetry=FASTAPI_TELEMETRY,
+    )
     app.state.metrics = metrics
     app.include_router(health_router(checks, registry=metrics.registry))
     return app

@@ -16,16 +16,19 @@ from fastapi import FastAPI
 from dataplane_contracts.catalogue import load_catalogue
 from dataplane_service_kit.errors import install_error_handlers
 from dataplane_service_kit.health import ReadinessCheck, health_router
+from dataplane_service_kit.limits import BodyLimit
 from dataplane_service_kit.logs import get_logger
+from dataplane_service_kit.telemetry import FASTAPI_TELEMETRY
 from query_gateway.connector import ConnectorClient, service_tokens
 from query_gateway.disclosure import DisclosurePublisher
 from query_gateway.gateway import Gateway
 from query_gateway.identity import OidcVerifier
 from query_gateway.plan_client import PlanClient
 from query_gateway.pull import PullVerifier
-from query_gateway.routes import dps_router, query_router
+from query_gateway.routes import body_refusals, dps_router, query_router
 from query_gateway.settings import GatewaySettings
 from query_gateway.sql import QueryExecutor, load_column_types
+from query_gateway.sql.execute import datasets_pool
 
 log = get_logger("query_gateway")
 
@@ -42,7 +45,11 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     except (OSError, ValueError) as exc:  # pydantic.ValidationError is a ValueError
         raise StartupRefused(f"catalogue {settings.catalogue_path} refused: {exc}") from None
     async with contextlib.AsyncExitStack() as stack:
-        pool = await asyncpg.create_pool(settings.datasets_database_url, min_size=1, max_size=10)
+        pool = await datasets_pool(
+            settings.datasets_database_url,
+            statement_timeout_ms=settings.query_statement_timeout_ms,
+            max_size=settings.datasets_pool_max_size,
+        )
         stack.push_async_callback(pool.close)
         try:
             columns = await load_column_types(pool, catalogue)
@@ -74,7 +81,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             settings=settings,
             catalogue=catalogue,
             columns=columns,
-            executor=QueryExecutor(pool, settings.query_statement_timeout_ms),
+            executor=QueryExecutor(pool, settings.query_statement_timeout_ms, session_defaults=True),
             plans=plans,
             oidc=OidcVerifier(
                 http, settings.oidc_jwks_uri(), settings.oidc_issuer(), settings.celine_oidc_audience
@@ -117,10 +124,21 @@ async def _bounded_stop(producer: AIOKafkaProducer) -> None:
 
 
 def create_app(settings: GatewaySettings) -> FastAPI:
-    app = FastAPI(title="query-gateway", lifespan=_lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="query-gateway",
+        lifespan=_lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        telemetry=FASTAPI_TELEMETRY,
+    )
     app.state.settings = settings
     app.state.checks = {}
     install_error_handlers(app, "invalid_request")
+    # before any route reads the body: FastAPI decodes it before the handler runs
+    app.add_middleware(
+        BodyLimit, max_bytes=settings.query_max_body_bytes, refused=body_refusals(settings.dps_enabled)
+    )
 
     def checks() -> Mapping[str, ReadinessCheck]:
         named: Mapping[str, ReadinessCheck] = app.state.checks

@@ -1,5 +1,6 @@
 """The ds connector as the gateway calls it (reference §1.2–1.6): the service's client-credentials
-token, connector resolution, the EDR key set per connector, and the one authorize call."""
+token, connector resolution, the EDR key set per connector, and the one authorize call (its answer
+reused for the ttl ds gives it, query_gateway.decision_cache)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from dataplane_contracts.settings import (
 from dataplane_service_kit.errors import ServiceError
 from dataplane_service_kit.logs import get_logger
 from dataplane_service_kit.oauth import ClientCredentialsToken, TokenUnavailable
+from query_gateway.decision_cache import DsDecisionCache, decision_key
 from query_gateway.settings import GatewaySettings
 from query_gateway.verified import VerifiedTokens, exp_of, memoisable
 
@@ -77,6 +79,9 @@ class ConnectorClient:
         self._fetched_at: dict[str, float] = {}
         self._lock = asyncio.Lock()
         self._verified: VerifiedTokens[EdrIdentity] = VerifiedTokens()
+        self._decisions = DsDecisionCache(
+            settings.ds_decision_cache_maxsize, enabled=settings.ds_decision_cache_enabled
+        )
 
     async def _headers(self) -> dict[str, str]:
         try:
@@ -159,7 +164,16 @@ class ConnectorClient:
         return identity
 
     async def authorize(self, base: str, request: AuthorizeRequest) -> DecisionEnvelope:
-        """One call for every touched dataset; unreachable or erroring → 502 ds_unavailable."""
+        """One call for every touched dataset; unreachable or erroring → 502 ds_unavailable.
+
+        An identical question asked again within the ttl ds gave its answer is answered from
+        this replica's decision cache, without a call. Only a readable answer is kept: every
+        failure below raises before `put`, so the next question goes to ds again."""
+        key = decision_key(base, request)
+        cached = self._decisions.get(key)
+        if cached is not None:
+            return cached
+        asked_at = self._decisions.now()
         headers = await self._headers()
         try:
             response = await self._http.post(
@@ -173,6 +187,8 @@ class ConnectorClient:
         if response.status_code >= 400:
             raise ServiceError("ds_unavailable", f"ds-connector error: {response.status_code}")
         try:
-            return DecisionEnvelope.model_validate(response.json())
+            envelope = DecisionEnvelope.model_validate(response.json())
         except (ValidationError, ValueError):
             raise ServiceError("ds_unavailable", "ds-connector answer unreadable") from None
+        self._decisions.put(key, envelope, asked_at)
+        return envelope

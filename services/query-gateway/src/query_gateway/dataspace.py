@@ -49,21 +49,30 @@ class _Judged:
     person_filter: DataplaneRowFilter | None  # None: no person-layer filter from ds
 
 
+def _unreadable(dataset_id: str, why: str) -> ServiceError:
+    # the detail names the dataset only: the filter's values are personal data (RF-08)
+    return ServiceError("row_filter_unreadable", f"ds-connector {why} for {dataset_id}")
+
+
 def _judge(gw: Gateway, entry: DatasetEntry, envelope: DecisionEnvelope) -> _Judged:
-    verdict = envelope.verdict_for(entry.id)
-    if verdict is None:
+    verdicts = [v for v in envelope.datasets if v.dataset_id == entry.id]
+    if not verdicts:
         raise ServiceError("ds_refused", f"Refused by ds: no verdict for {entry.id}")
+    if len(verdicts) > 1:
+        # two answers to one question: the two ends disagree, so neither is served
+        raise _unreadable(entry.id, "sent more than one verdict")
+    verdict = verdicts[0]
     if verdict.decision != "allow":
         raise ServiceError("ds_refused", f"Refused by ds: {verdict.reason or 'denied'} ({entry.id})")
     try:
         row_filter = verdict.parse_row_filter()  # RF-02: strict, touched datasets only
     except ValidationError:
-        # the detail names the dataset only: the filter's values are personal data (RF-08)
-        raise ServiceError(
-            "row_filter_unreadable",
-            f"ds-connector sent a row filter this data plane cannot apply for {entry.id}",
-        ) from None
+        raise _unreadable(entry.id, "sent a row filter this data plane cannot apply") from None
     person_filter = None
+    if row_filter is not None and row_filter.handler == "allow_all":
+        # allow_all names no subjects and no layer: it is read as no person-layer filter, so the
+        # catalogue's own person layer must admit every row (below) — never as "every row"
+        row_filter = None
     if row_filter is not None:
         binds = gw.binds_of(row_filter.handler)
         if binds == "unknown":
@@ -93,7 +102,7 @@ async def run_dataspace(
 ) -> dict[str, object]:
     ctx.sub = ctx.client_id = req.consumer
     ctx.agreement_id = req.agreement_id
-    q = gw.validate(body, ctx)
+    q = await gw.validate_async(body, ctx)
     entries = [gw.entries[d] for d in q.dataset_ids]
     unoffered = sorted(e.id for e in entries if not e.dataspace_expose)
     if unoffered:
@@ -125,7 +134,7 @@ async def run_dataspace(
         ctx.current = j.entry.id
         plans[j.entry.id] = [await _person_plan(gw, j, ctx, ttl), await _organization_plan(gw, j, ctx, ttl)]
     ctx.current = None
-    narrowed = gw.narrow(q, plans)
+    narrowed = await gw.narrow(q, plans)
     page = await gw.execute(narrowed, body, dataspace=True)
     events = [
         DisclosureRecorded(
@@ -157,7 +166,11 @@ async def _person_plan(gw: Gateway, j: _Judged, ctx: AccessContext, ttl: int | N
         principals=tuple(f.principals),  # delegated, even when empty (RF-05)
         keys=tuple(f.keys),
     )
-    return await gw.layer_plan(j.entry, "person", req, ctx, ds_cache_ttl=ttl)
+    plan = await gw.layer_plan(j.entry, "person", req, ctx, ds_cache_ttl=ttl)
+    if plan.column is not None and plan.column not in gw.columns.get(j.entry.table, {}):
+        # the column came from ds's filter, not from the consumer: ds and catalogue disagree
+        raise _unreadable(j.entry.id, "sent a row filter naming a column the dataset does not have")
+    return plan
 
 
 async def _organization_plan(gw: Gateway, j: _Judged, ctx: AccessContext, ttl: int | None) -> Plan:

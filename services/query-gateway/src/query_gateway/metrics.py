@@ -11,3 +11,9 @@ REQUESTS = Counter(
 )
 PLAN_CACHE = Counter("query_gateway_plan_cache_total", "Plan lookups by tier result", ["result"])
 DISCLOSURES = Counter("query_gateway_disclosures_published_total", "Disclosure events acknowledged")
+DS_DECISION_CACHE_HITS = Counter(
+    "query_gateway_ds_decision_cache_hits_total", "ds decisions served from this replica's cache"
+)
+DS_DECISION_CACHE_MISSES = Counter(
+    "query_gateway_ds_decision_cache_misses_total", "ds decision cache lookups that found no live entry"
+)

@@ -20,7 +20,7 @@ async def plan_normal(
     gw: Gateway, body: QueryBody, caller: Caller | None, ctx: AccessContext
 ) -> NarrowedQuery:
     """Everything up to the rewritten statement; every refusal is raised before any handler runs."""
-    q = gw.validate(body, ctx)
+    q = await gw.validate_async(body, ctx)
     entries = [gw.entries[d] for d in q.dataset_ids]
     for entry in entries:
         ctx.current = entry.id
@@ -46,7 +46,7 @@ async def plan_normal(
             layer_plans.append(await gw.layer_plan(entry, layer, req, ctx, identity=identity))
         plans[entry.id] = layer_plans
     ctx.current = None
-    return gw.narrow(q, plans)
+    return await gw.narrow(q, plans)
 
 
 async def run_normal(

@@ -8,8 +8,10 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Annotated, TypeVar
 
+import orjson
 from fastapi import APIRouter, Header, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from starlette.types import Scope
 
 from dataplane_service_kit.errors import ServiceError
 from dataplane_service_kit.logs import get_logger
@@ -41,7 +43,7 @@ def _context(request: Request, route: str) -> AccessContext:
 
 async def _guarded(
     route: str, ctx: AccessContext, run: Callable[[], Awaitable[dict[str, object]]]
-) -> JSONResponse:
+) -> Response:
     """Runs one request: the access records and metrics of its outcome; errors re-raised."""
     try:
         body = await run()
@@ -54,7 +56,18 @@ async def _guarded(
         REQUESTS.labels(route, "500", "internal_error").inc()
         raise
     REQUESTS.labels(route, "200", "").inc()
-    return JSONResponse(body, headers={"X-Request-ID": ctx.request_id})
+    return json_response(body, {"X-Request-ID": ctx.request_id})
+
+
+def json_response(body: dict[str, object], headers: dict[str, str]) -> Response:
+    """The answer encoded with orjson (a tenth of the standard encoder's cost on a page of rows;
+    the values are already JSON's, `jsonable`). An integer beyond 64 bits, which orjson refuses,
+    takes the standard encoder: same JSON, slower."""
+    try:
+        content = orjson.dumps(body)
+    except orjson.JSONEncodeError:
+        return JSONResponse(body, headers=headers)
+    return Response(content, media_type="application/json", headers=headers)
 
 
 async def _token_check(ctx: AccessContext, check: Awaitable[T]) -> T:
@@ -81,6 +94,20 @@ async def _caller(gw: Gateway, authorization: str | None, ctx: AccessContext) ->
     return caller
 
 
+def body_refusals(dps_enabled: bool) -> Callable[[Scope], None]:
+    """What a body over QUERY_MAX_BODY_BYTES leaves (refused by the service kit's `BodyLimit`
+    before any route ran): the request's metric and its access record, as for any refusal."""
+    routes = {"/query", "/query/plan"} | ({"/dps/public/query"} if dps_enabled else set())
+
+    def refused(scope: Scope) -> None:
+        route = scope.get("path", "")
+        if route in routes:
+            _context(Request(scope), route).failed("body_too_large", 413)
+            REQUESTS.labels(route, "413", "body_too_large").inc()
+
+    return refused
+
+
 def query_router() -> APIRouter:
     router = APIRouter()
 
@@ -93,7 +120,7 @@ def query_router() -> APIRouter:
         edc_contract_agreement_id: OptHeader = None,
         edc_transfer_process_id: OptHeader = None,
         edc_purpose: OptHeader = None,
-    ) -> JSONResponse:
+    ) -> Response:
         gw: Gateway = request.app.state.gateway
         ctx = _context(request, "/query")
         agreement = (edc_contract_agreement_id or "").strip()
@@ -122,7 +149,7 @@ def query_router() -> APIRouter:
         return await _guarded("/query", ctx, normal)
 
     @router.post("/query/plan")
-    async def query_plan(request: Request, body: QueryBody, authorization: OptHeader = None) -> JSONResponse:
+    async def query_plan(request: Request, body: QueryBody, authorization: OptHeader = None) -> Response:
         gw: Gateway = request.app.state.gateway
         ctx = _context(request, "/query/plan")
 
@@ -146,7 +173,7 @@ def dps_router() -> APIRouter:
         edc_contract_agreement_id: OptHeader = None,
         edc_transfer_process_id: OptHeader = None,
         edc_purpose: OptHeader = None,
-    ) -> JSONResponse:
+    ) -> Response:
         gw: Gateway = request.app.state.gateway
         ctx = _context(request, "/dps/public/query")
 

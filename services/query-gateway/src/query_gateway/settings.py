@@ -24,9 +24,16 @@ class GatewaySettings(
 ):
     catalogue_path: str = Field(min_length=1)
     datasets_database_url: str = Field(min_length=1)
+    datasets_pool_max_size: int = Field(default=10, ge=1, le=1000)  # connections to the datasets
     row_filters_resolve_timeout_ms: int = Field(default=20_000, ge=1)
     audit_publish_timeout_ms: int = Field(default=5_000, ge=1)
     query_statement_timeout_ms: int = Field(default=5_000, ge=1)
+    # what an anonymous caller can make the gateway do before any refusal: validating the longest
+    # statement of the costliest shapes took 35-125 ms of CPU (sqlglot 30, a loaded 2-core host;
+    # about 10 us per character, twice that at 16 KiB); the body holds that statement however it
+    # is JSON-escaped (at most 12 bytes per character) and decodes in a few ms
+    query_max_sql_chars: int = Field(default=8_192, ge=1)
+    query_max_body_bytes: int = Field(default=131_072, ge=1)
     edr_enabled: bool = False
     dps_enabled: bool = False
     dps_token_public_key: str | None = None
@@ -34,6 +41,9 @@ class GatewaySettings(
     # the plan.replies partition this instance reads; unset = derived from a random instance id
     plan_reply_partition: int | None = Field(default=None, ge=0)
     connector_timeout_seconds: float = Field(default=5.0, gt=0)
+    # ds's answers reused for the ttl ds sends with each (query_gateway.decision_cache)
+    ds_decision_cache_enabled: bool = True
+    ds_decision_cache_maxsize: int = Field(default=10_000, ge=1)
 
     @field_validator("dps_token_public_key")
     @classmethod

@@ -18,6 +18,7 @@ from dataplane_service_kit.errors import ServiceError, install_error_handlers
 from dataplane_service_kit.health import ReadinessCheck, health_router
 from dataplane_service_kit.logs import get_logger
 from dataplane_service_kit.oauth import ClientCredentialsToken
+from dataplane_service_kit.telemetry import FASTAPI_TELEMETRY
 from signaling import audit, metrics
 from signaling.callbacks import ControlPlaneClient
 from signaling.flows import FlowService
@@ -193,6 +194,7 @@ def create_app(settings: Settings) -> FastAPI:
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
+        telemetry=FASTAPI_TELEMETRY,
     )
     _install_audited_errors(app)
     app.add_middleware(RecountFlowsOnScrape)

@@ -6,13 +6,14 @@ import contextlib
 import datetime as dt
 import uuid
 from decimal import Decimal
+from typing import Any
 
 import asyncpg
 
 from dataplane_service_kit.errors import ServiceError
 from dataplane_service_kit.logs import get_logger
 from query_gateway.sql.model import DEFAULT_LIMIT, MAX_LIMIT, NarrowedQuery, QueryPage
-from query_gateway.sql.pagination import page_and_count
+from query_gateway.sql.pagination import PageQueries, page_and_count
 
 log = get_logger(__name__)
 
@@ -64,6 +65,19 @@ def jsonable(value: object) -> object:
     return str(value)
 
 
+def check_text(sql: str) -> None:
+    """Refuses text PostgreSQL cannot take, before it is parsed, logged or sent: a NUL ends a
+    string of the wire protocol (the server would read the rest as another message and drop the
+    connection), and a lone surrogate is not UTF-8 at all. The detail never quotes the text."""
+    if "\x00" in sql:
+        raise ServiceError("invalid_text", "sql query holds a NUL character, which PostgreSQL cannot take")
+    if not sql.isascii():
+        try:
+            sql.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ServiceError("invalid_text", "sql query holds a lone surrogate: it is not text") from None
+
+
 def clamp_page(offset: int, limit: int, max_limit: int = MAX_LIMIT) -> tuple[int, int]:
     """§4.1: limit ≤ 0 → the default, above the cap → the cap; a negative offset → 0."""
     applied = DEFAULT_LIMIT if limit <= 0 else min(limit, max_limit)
@@ -77,37 +91,85 @@ async def _rollback(conn: asyncpg.pool.PoolConnectionProxy) -> None:
         await conn.execute("ROLLBACK")
 
 
+QUERY_FAILED = "Database query failed"
+
+
 def _lost() -> ServiceError:
     return ServiceError("database_unavailable", "Database connection lost, retry the query")
 
 
+async def _rolled_back_only(conn: asyncpg.Connection) -> None:
+    """The pool's reset on release: asyncpg rolls back an open transaction before calling this,
+    and nothing more is needed — a verified statement is one SELECT of allowlisted functions, so
+    it can leave no session state (no SET, LISTEN, cursor, advisory lock or temporary table).
+    The default reset (`RESET ALL` and more) would be a second round trip on every request."""
+
+
+async def datasets_pool(url: str, *, statement_timeout_ms: int, max_size: int) -> asyncpg.Pool:
+    """A pool whose sessions are read-only and carry the statement timeout from their start, so
+    a request needs no BEGIN, SET LOCAL or COMMIT: `QueryExecutor(..., session_defaults=True)`.
+    A caller cannot change either (it can send no SET), and RESET returns to them."""
+    pool: asyncpg.Pool = await asyncpg.create_pool(
+        url,
+        min_size=1,
+        max_size=max_size,
+        server_settings={
+            "default_transaction_read_only": "on",
+            "statement_timeout": str(int(statement_timeout_ms)),
+        },
+        reset=_rolled_back_only,
+    )
+    return pool
+
+
 class QueryExecutor:
-    def __init__(self, pool: asyncpg.Pool, statement_timeout_ms: int, max_limit: int = MAX_LIMIT) -> None:
+    """Runs a narrowed statement's page, read-only, within the statement timeout.
+
+    Over a `datasets_pool` (`session_defaults=True`, the same timeout) the common request is ONE
+    statement and one round trip: the page with the total beside each row (`count(*) OVER ()`
+    counts before LIMIT, in the same scan and snapshot). A page past the end has no row to carry
+    the total; it, and any request over another pool, runs count and page in one REPEATABLE READ
+    READ ONLY transaction with SET LOCAL statement_timeout."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        statement_timeout_ms: int,
+        max_limit: int = MAX_LIMIT,
+        *,
+        session_defaults: bool = False,
+    ) -> None:
         self._pool = pool
         self._timeout_ms = int(statement_timeout_ms)
         self._max_limit = max_limit
+        self._one_statement = session_defaults
         self._begin = (
             "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; "
             f"SET LOCAL statement_timeout = {self._timeout_ms}"
         )
 
     async def run(self, q: NarrowedQuery, *, offset: int, limit: int, skip_count: bool) -> QueryPage:
+        check_text(q.sql)  # the gateway refused such a statement already; this executor never sends one
         offset, limit = clamp_page(offset, limit, self._max_limit)
-        page_sql, count_sql = page_and_count(q.sql, len(q.params), q.denied)
+        sqls = page_and_count(q.sql, len(q.params), q.denied, q.order_by)
+        args = (*q.params, limit, offset)
         total: int | None = None
+        counted = False  # whether the rows carry the total as their last column
         try:
             async with self._pool.acquire() as conn:
-                # one snapshot for count and page, read-only; the timeout dies with the transaction.
-                # BEGIN and SET LOCAL travel as one simple query: one round trip, not two
-                try:
-                    await conn.execute(self._begin)
-                    if not skip_count:
-                        total = int(await conn.fetchval(count_sql, *q.params))
-                    rows = await conn.fetch(page_sql, *q.params, limit, offset)
-                except BaseException:
-                    await _rollback(conn)
-                    raise
-                await conn.execute("COMMIT")
+                if not self._one_statement:
+                    total, rows = await self._in_transaction(conn, sqls, q.params, args, skip_count)
+                elif skip_count:
+                    rows = await conn.fetch(sqls.page, *args)
+                else:
+                    rows = await conn.fetch(sqls.counted_page, *args)
+                    counted = bool(rows)
+                    if rows:
+                        total = int(rows[0][-1])
+                    elif offset == 0:
+                        total = 0
+                    else:
+                        total, rows = await self._in_transaction(conn, sqls, q.params, args, False)
         except asyncpg.QueryCanceledError as err:
             if "statement timeout" in str(err):
                 raise ServiceError("query_timeout", "Query exceeded time limit") from None
@@ -117,20 +179,48 @@ class QueryExecutor:
             raise _lost() from None
         except asyncpg.InterfaceError as err:
             if "connection" in str(err).lower():  # "connection is closed", "… was released"
-                raise ServiceError(
-                    "database_unavailable", "Database connection lost, retry the query"
-                ) from None
+                raise _lost() from None
             raise self._failed(err) from None
         except asyncpg.PostgresError as err:
             raise self._failed(err) from None
-        items = [{k: jsonable(v) for k, v in r.items()} for r in rows]
+        except UnicodeError:
+            # a value the driver could not encode: the request's text, never a lost connection
+            log.warning("query_failed", error="UnicodeError")
+            raise ServiceError("invalid_text", "the query holds text PostgreSQL cannot take") from None
+        if counted:
+            names = list(rows[0].keys())[:-1]  # the last column is the total (_dp_total)
+            items = [{k: jsonable(r[i]) for i, k in enumerate(names)} for r in rows]
+        else:
+            items = [{k: jsonable(v) for k, v in r.items()} for r in rows]
         return QueryPage(items=items, offset=offset, limit=limit, count=len(items), total=total)
+
+    async def _in_transaction(
+        self,
+        conn: Any,
+        sqls: PageQueries,
+        params: tuple[object, ...],
+        args: tuple[object, ...],
+        skip_count: bool,
+    ) -> tuple[int | None, list[asyncpg.Record]]:
+        """Count and page in one snapshot, read-only; the timeout dies with the transaction.
+        BEGIN and SET LOCAL travel as one simple query: one round trip, not two."""
+        total: int | None = None
+        try:
+            await conn.execute(self._begin)
+            if not skip_count:
+                total = int(await conn.fetchval(sqls.count, *params))
+            rows: list[asyncpg.Record] = await conn.fetch(sqls.page, *args)
+        except BaseException:
+            await _rollback(conn)
+            raise
+        await conn.execute("COMMIT")
+        return total, rows
 
     @staticmethod
     def _failed(err: Exception) -> ServiceError:
-        # the driver's message may quote a value (a bound key among them): log the class only
+        # the driver's message may quote a value (a bound key among them): the log line keeps the
+        # class and the SQLSTATE, which name no value; the answer names neither, so a caller
+        # cannot tell one failure from another (an error oracle on the rows it may not read)
         sqlstate = getattr(err, "sqlstate", None) or "?"
         log.warning("query_failed", error=type(err).__name__, sqlstate=sqlstate)
-        return ServiceError(
-            "query_failed", f"Database query failed ({type(err).__name__}, SQLSTATE {sqlstate})"
-        )
+        return ServiceError("query_failed", QUERY_FAILED)

@@ -24,6 +24,8 @@ class NarrowedQuery:
     params: tuple[object, ...]  # bound values, already of the column's Python type
     param_labels: tuple[str, ...]  # e.g. "pod keys (3 values)" — never values
     denied: bool  # some plan was a deny: FALSE in every SELECT
+    # the outer ORDER BY of the page query, from the caller's tree (QE-04): paging parses nothing
+    order_by: str = ""
 
     def __repr__(self) -> str:  # the params are personal data (RF-08)
         return f"NarrowedQuery(params=<{len(self.params)}>, denied={self.denied})"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import sqlglot
 from sqlglot import exp
@@ -80,15 +82,34 @@ def outer_order_by(select: exp.Select) -> str:
     return " ORDER BY " + ", ".join(keys)
 
 
+@dataclass(frozen=True)
+class PageQueries:
+    page: str  # the page: LIMIT/OFFSET bound as $n+1/$n+2
+    counted_page: str  # the page with the total of the whole result as its last column
+    count: str  # the total alone
+
+    def __iter__(self) -> Iterator[str]:  # (page, count), as callers unpacked it before
+        return iter((self.page, self.count))
+
+
+TOTAL_COLUMN = "_dp_total"  # reserved prefix: no column of the caller's can be called that
+
+
 @functools.lru_cache(maxsize=1024)
-def page_and_count(sql: str, n_params: int, denied: bool) -> tuple[str, str]:
-    """The page query (LIMIT/OFFSET bound as $n+1/$n+2) and the count query; cached because the
-    narrowed statement is itself cached per shape, so the same text comes back request after
-    request."""
-    tree = sqlglot.parse_one(sql, read=DIALECT)
-    order = outer_order_by(tree) if isinstance(tree, exp.Select) else ""
+def page_and_count(sql: str, n_params: int, denied: bool, order: str | None = None) -> PageQueries:
+    """The page, counted-page and count queries; cached because the narrowed statement is itself
+    cached per shape, so the same text comes back request after request. `order` is the outer
+    ORDER BY the rewrite took from the caller's tree (`NarrowedQuery.order_by`); without it the
+    statement is parsed for it."""
+    if order is None:
+        tree = sqlglot.parse_one(sql, read=DIALECT)
+        order = outer_order_by(tree) if isinstance(tree, exp.Select) else ""
     # a deny reads nothing on the outer queries either (RF-05)
     where = " WHERE FALSE" if denied else ""
-    page = f"SELECT * FROM ({sql}) AS q{where}{order} LIMIT ${n_params + 1} OFFSET ${n_params + 2}"  # noqa: S608 - verified statement
-    count = f"SELECT count(*) FROM ({sql}) AS q{where}"  # noqa: S608 - verified statement
-    return page, count
+    paging = f"{order} LIMIT ${n_params + 1} OFFSET ${n_params + 2}"
+    return PageQueries(
+        page=f"SELECT * FROM ({sql}) AS q{where}{paging}",  # noqa: S608 - verified statement
+        # the window counts the rows before LIMIT applies, in the same scan
+        counted_page=f"SELECT q.*, count(*) OVER () AS {TOTAL_COLUMN} FROM ({sql}) AS q{where}{paging}",  # noqa: S608
+        count=f"SELECT count(*) FROM ({sql}) AS q{where}",  # noqa: S608 - verified statement
+    )

@@ -14,9 +14,11 @@ from dataplane_contracts.plans import Plan
 from dataplane_service_kit.errors import ServiceError
 from query_gateway.sql.columns import cast_for, convert_values
 from query_gateway.sql.model import ColumnTypes, NarrowedQuery, ValidatedQuery
+from query_gateway.sql.pagination import outer_order_by
+from query_gateway.sql.references import check_references
 from query_gateway.sql.scope import DIALECT, fold, table_parts, table_refs, walk_tables
 from query_gateway.sql.validate import analyse, resolve_reference
-from query_gateway.sql.verify import verify_narrowed
+from query_gateway.sql.verify import is_true, verify_narrowed
 
 RF_ALIAS = "_dp_rf"  # reserved: validation refuses every `_dp_` identifier in a statement
 
@@ -54,7 +56,7 @@ def _label(plan: Plan, dataset_id: str, column: str, count: int) -> str:
 # parameters. So the rewrite and its verification run once per shape, not once per request.
 NarrowShape = tuple[tuple[str, tuple[tuple[str, str], ...]], ...]
 CACHE_SIZE = 1024
-_cache: OrderedDict[tuple[str, int, bool, NarrowShape], tuple[Catalogue, str]] = OrderedDict()
+_cache: OrderedDict[tuple[str, int, bool, NarrowShape], tuple[Catalogue, tuple[str, str]]] = OrderedDict()
 _cache_lock = threading.Lock()
 
 
@@ -64,9 +66,10 @@ def narrow_query(
     plans: Mapping[str, Sequence[Plan]],
     columns: ColumnTypes,
 ) -> NarrowedQuery:
-    """Every real table reference becomes `(SELECT * FROM schema.table AS _dp_rf WHERE <pred>)
-    alias`. A deny — a `deny` plan, or an allow-list none of whose values converts — puts FALSE
-    into every SELECT. Raises ServiceError("sql_refused") when anything cannot be proven."""
+    """Every real table reference becomes `(SELECT * FROM schema.table AS _dp_rf WHERE <pred>
+    OFFSET 0) alias`, a barrier (see `_narrowed`). A deny — a `deny` plan, or an allow-list none
+    of whose values converts — puts FALSE into every SELECT. Raises ServiceError("sql_refused")
+    when anything cannot be proven."""
     entries = catalogue.by_id()
     params: list[object] = []
     labels: list[str] = []
@@ -96,11 +99,15 @@ def narrow_query(
         shape.append((ds_id, tuple(specs)))
     if denied:  # nothing is read, so nothing needs binding
         params, labels = [], []
-    sql = _narrowed_sql(q, catalogue, denied, tuple(shape))
-    return NarrowedQuery(sql=sql, params=tuple(params), param_labels=tuple(labels), denied=denied)
+    sql, order_by = _narrowed_sql(q, catalogue, columns, denied, tuple(shape))
+    return NarrowedQuery(
+        sql=sql, params=tuple(params), param_labels=tuple(labels), denied=denied, order_by=order_by
+    )
 
 
-def _narrowed_sql(q: ValidatedQuery, catalogue: Catalogue, denied: bool, shape: NarrowShape) -> str:
+def _narrowed_sql(
+    q: ValidatedQuery, catalogue: Catalogue, columns: ColumnTypes, denied: bool, shape: NarrowShape
+) -> tuple[str, str]:
     key = (q.text, id(catalogue), denied, shape)
     with _cache_lock:
         hit = _cache.get(key)
@@ -108,19 +115,22 @@ def _narrowed_sql(q: ValidatedQuery, catalogue: Catalogue, denied: bool, shape: 
         if hit is not None and hit[0] is catalogue:
             _cache.move_to_end(key)
             return hit[1]
-    sql = _rewrite(q, catalogue, denied, shape)
+    narrowed = _rewrite(q, catalogue, columns, denied, shape)
     with _cache_lock:
-        _cache[key] = (catalogue, sql)
+        _cache[key] = (catalogue, narrowed)
         while len(_cache) > CACHE_SIZE:
             _cache.popitem(last=False)
-    return sql
+    return narrowed
 
 
-def _rewrite(q: ValidatedQuery, catalogue: Catalogue, denied: bool, shape: NarrowShape) -> str:
-    """Build the narrowed statement for one shape and prove it on a fresh parse."""
+def _rewrite(
+    q: ValidatedQuery, catalogue: Catalogue, columns: ColumnTypes, denied: bool, shape: NarrowShape
+) -> tuple[str, str]:
+    """The narrowed statement for one shape, proven on a fresh parse, and its outer ORDER BY."""
     analysis = analyse(q.text, catalogue)
     if analysis.validated.dataset_ids != q.dataset_ids:
         raise ServiceError("sql_refused", "statement does not match its validation")
+    check_references(analysis.tree, catalogue, columns)  # on the caller's tree: its names
     entries = catalogue.by_id()
     n_params = 0
     preds: dict[str, exp.Expr] = {}
@@ -152,13 +162,26 @@ def _rewrite(q: ValidatedQuery, catalogue: Catalogue, denied: bool, shape: Narro
         key = physical_key(physical_table(entries[ds_id]))
         expected.setdefault(key, set()).add(pred.sql(dialect=DIALECT))
     verify_narrowed(sql, expected, denied=denied, n_params=n_params)
-    return sql
+    # the rewrite replaces table references only, so the top-level ORDER BY is the caller's own
+    return sql, outer_order_by(analysis.tree)
 
 
 def _narrowed(table: exp.Table, entry: DatasetEntry, pred: exp.Expr) -> exp.Subquery:
+    """The narrowing subquery of one table reference.
+
+    A plain subquery is pulled up by PostgreSQL into the query around it, and the quals of one
+    scan are then ordered by estimated cost: a cheap predicate of the caller's can run on a row
+    *before* the filter rejects it, and a predicate that raises on one value turns the error into
+    an answer about a row the caller may not read. `OFFSET 0` keeps the subquery a planning unit
+    of its own — never pulled up, no qual pushed into it — so every row the caller's SQL sees has
+    passed the filter (the guarantee of PostgreSQL's security_barrier views). A predicate
+    of TRUE hides no row, so there is nothing to fence and the caller's predicates keep the
+    table's indexes."""
     source = physical_table(entry)
     source.set("alias", exp.TableAlias(this=exp.to_identifier(RF_ALIAS)))
     inner = exp.Select(expressions=[exp.Star()]).from_(source, copy=False).where(pred.copy(), copy=False)
+    if not is_true(pred):
+        inner.set("offset", exp.Offset(expression=exp.Literal.number(0)))
     alias = table.args.get("alias")
     if not isinstance(alias, exp.TableAlias):
         # unaliased, the statement refers to the table by its last name part: keep that name

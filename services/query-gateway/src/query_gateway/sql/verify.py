@@ -1,6 +1,8 @@
 """The post-rewrite check: on a fresh parse of the rewritten text, every table read must be the
-inner table of a narrowing subquery carrying its dataset's predicate; a deny must have FALSE in
-every SELECT; every bound parameter must sit in such a predicate. Anything else is refused."""
+inner table of a narrowing subquery carrying its dataset's predicate and, unless that predicate is
+TRUE, the `OFFSET 0` barrier that keeps the caller's predicates from seeing a row the filter
+rejects; a deny must have FALSE in every SELECT; every bound parameter must sit in such a
+predicate. Anything else is refused."""
 
 from __future__ import annotations
 
@@ -44,10 +46,15 @@ def verify_narrowed(
             raise _fail("a table read is not narrowed")
         where = select.args.get("where")
         extra = [
-            k for k, v in select.args.items() if v and k not in ("expressions", "from_", "from", "where")
+            k
+            for k, v in select.args.items()
+            if v and k not in ("expressions", "from_", "from", "where", "offset")
         ]
+        fenced = _is_barrier(select.args.get("offset"))
         if (
             extra
+            or (select.args.get("offset") is not None and not fenced)
+            or (not fenced and not (isinstance(where, exp.Where) and is_true(where.this)))
             or len(select.expressions) != 1
             or not isinstance(select.expressions[0], exp.Star)
             or not isinstance(where, exp.Where)
@@ -69,6 +76,19 @@ def verify_narrowed(
         numbers.add(int(param.name) if param.name.isdigit() else -1)
     if numbers != set(range(1, n_params + 1)):
         raise _fail("parameters do not match the allow-lists")
+
+
+def is_true(cond: exp.Expr | None) -> bool:
+    """A predicate that admits every row: the only narrowing that needs no barrier."""
+    return isinstance(cond, exp.Boolean) and cond.this is True
+
+
+def _is_barrier(offset: object) -> bool:
+    """`OFFSET 0` and nothing else: a literal zero, no parameter, no expression."""
+    if not isinstance(offset, exp.Offset):
+        return False
+    value = offset.expression
+    return isinstance(value, exp.Literal) and not value.is_string and value.name == "0"
 
 
 def _is_false(cond: exp.Expr | None) -> bool:
