@@ -9,7 +9,15 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, Field, StrictInt, StrictStr, field_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    PrivateAttr,
+    StrictInt,
+    StrictStr,
+    field_validator,
+)
 
 from dataplane_contracts.base import ContractModel, TolerantModel
 
@@ -92,12 +100,19 @@ class DatasetVerdict(TolerantModel):
     # of its own, and it carries principals and keys: it is left out of this model's repr (RF-08).
     row_filter: Any = Field(default=None, repr=False)
     organizations: Organizations | None = None
+    # the strict parse, kept: a verdict reused for its ttl (the gateway's decision cache) is
+    # parsed once, not once per request — a hundred DIDs checked against a pattern each time
+    _parsed: DataplaneRowFilter | None = PrivateAttr(default=None)
 
     def parse_row_filter(self) -> DataplaneRowFilter | None:
-        """Strict parse; raises pydantic.ValidationError for an unreadable filter."""
+        """Strict parse; raises pydantic.ValidationError for an unreadable filter (each time:
+        only a readable filter is kept)."""
         if self.row_filter is None:
             return None
-        return DataplaneRowFilter.model_validate(self.row_filter)
+        if self._parsed is None:
+            # the model is frozen, its private attributes are not; the raw filter never changes
+            self._parsed = DataplaneRowFilter.model_validate(self.row_filter)
+        return self._parsed
 
 
 class DecisionCache(TolerantModel):
