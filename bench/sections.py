@@ -74,6 +74,16 @@ async def _floor(bench: Bench, plans: Mapping[str, Sequence[Plan]], sql: str) ->
     return page_sql, (*narrowed.params, PAGE, 0)
 
 
+def without_barrier(page_sql: str) -> str:
+    """The same page statement with each narrowing's `OFFSET 0` barrier taken out: the shape the
+    gateway ran before issue 19, measured beside it so the table shows what the barrier costs.
+    Never served; the page's own `OFFSET $n` stays."""
+    unfenced = page_sql.replace(" OFFSET 0)", ")")
+    if unfenced == page_sql:
+        raise UnexpectedAnswer("the narrowed statement carries no barrier")
+    return unfenced
+
+
 def _uses_index(plan: Any) -> bool:
     if isinstance(plan, dict):
         if plan.get("Index Name") == INDEX or plan.get("Index Name") == "bench_readings_owner_idx":
@@ -159,6 +169,11 @@ async def edr_and_pull(bench: Bench, report: Report, sizes: Sizes, h: Harness) -
         async def floor() -> None:
             await pool.fetch(page_sql, *params)
 
+        unfenced_sql = without_barrier(page_sql)
+
+        async def floor_unfenced() -> None:
+            await pool.fetch(unfenced_sql, *params)
+
         s1, s2 = "1 warm EDR, 100-key filter, 1M rows", "2a DPS pull vs EDR (same verdict)"
         async with (
             h.ceiling("ceiling-edr", spec) as ceil,
@@ -181,13 +196,16 @@ async def edr_and_pull(bench: Bench, report: Report, sizes: Sizes, h: Harness) -
                 )
                 ce = await h.http(Target(f"ceiling c={conc}", f"{ceil}/query", raw, edr_headers), conc)
                 fl = await h.floor(floor, conc, f"asyncpg floor c={conc}")
+                nb = await h.floor(floor_unfenced, conc, f"asyncpg floor without the barrier c={conc}")
                 dps = await h.http(
                     Target(f"DPS pull gw-1 c={conc}", f"{gw}/dps/public/query", raw, pull_headers),
                     conc,
                     disclosures=True,
                 )
-                for r in (edr, fw, ce, fl):
+                for r in (edr, fw, ce, fl, nb):
                     h.add_run(s1, r)
+                h.ratio(s1, fl, nb)  # what the barrier costs the database (issue 19)
+                h.ratio(s1, edr, nb)
                 h.ratio(s1, edr, fl)
                 h.ratio(s1, edr, ce)
                 h.ratio(s1, edr, fw)
@@ -202,7 +220,7 @@ async def edr_and_pull(bench: Bench, report: Report, sizes: Sizes, h: Harness) -
                 if conc == 1:
                     h.added(s2, dps, fl)
                 h.net_cpu_row(s2, [dps, edr], idle)
-                runs += [edr, fw, ce, fl, dps]
+                runs += [edr, fw, ce, fl, nb, dps]
         h.cpu_table("1 and 2a, EDR and DPS pull on replica 1", runs, idle)
         h.answers_check(
             "every HTTP run of 1 and 2a answered 2xx only", [r for r in runs if "floor" not in r.label]
@@ -237,6 +255,11 @@ async def normal_path(bench: Bench, report: Report, sizes: Sizes, h: Harness) ->
         async def floor() -> None:
             await pool.fetch(page_sql, *params)
 
+        unfenced_sql = without_barrier(page_sql)
+
+        async def floor_unfenced() -> None:
+            await pool.fetch(unfenced_sql, *params)
+
         s = "2b normal path, direct_user_match"
         async with h.ceiling("ceiling-normal", _ceiling_spec(bench, page_sql, params)) as ceil:
             ceiling_items = await _same_items(bench, f"{ceil}/query", body, headers)
@@ -249,8 +272,11 @@ async def normal_path(bench: Bench, report: Report, sizes: Sizes, h: Harness) ->
                 nr = await h.http(Target(f"normal gw-1 c={conc}", f"{gw}/query", raw, headers), conc)
                 ce = await h.http(Target(f"ceiling c={conc}", f"{ceil}/query", raw, headers), conc)
                 fl = await h.floor(floor, conc, f"asyncpg floor c={conc}")
-                for r in (nr, ce, fl):
+                nb = await h.floor(floor_unfenced, conc, f"asyncpg floor without the barrier c={conc}")
+                for r in (nr, ce, fl, nb):
                     h.add_run(s, r)
+                h.ratio(s, fl, nb)  # what the barrier costs the database (issue 19)
+                h.ratio(s, nr, nb)
                 h.ratio(s, nr, fl)
                 h.ratio(s, nr, ce)
                 h.ratio(s, ce, fl)
@@ -258,7 +284,7 @@ async def normal_path(bench: Bench, report: Report, sizes: Sizes, h: Harness) ->
                     h.added(s, nr, fl)
                     h.added(s, nr, ce)
                 h.net_cpu_row(s, [nr, ce], idle)
-                runs += [nr, ce, fl]
+                runs += [nr, ce, fl, nb]
         h.cpu_table("2b, normal path on replica 1", runs, idle)
         h.answers_check("every HTTP run of 2b answered 2xx only", [r for r in runs if "floor" not in r.label])
     finally:

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -20,6 +21,7 @@ from typing import Any
 
 import httpx
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from fastapi import FastAPI, Request, Response
 from prometheus_client.parser import text_string_to_metric_families
 
 from dataplane_contracts.topics import TopicSpec
@@ -318,3 +320,111 @@ def relay_env(
 
 def json_bytes(ev: dict[str, Any]) -> bytes:
     return json.dumps(ev).encode()
+
+
+@dataclass(frozen=True)
+class Post:
+    """One audit post as the observing double saw it: server-side start and end (monotonic)."""
+
+    key: str | None
+    body: Any
+    status: int
+    started: float
+    ended: float
+
+
+class ObservingDs:
+    """A ds connector double that watches the relay's concurrency: every audit post is answered
+    after `delay_s`, with 503 for the event ids in `failing`, and recorded with when it started
+    and ended, so a test can tell how many posts were in flight at once and in which order. It
+    checks no bearer (the ds connector double does; concurrency is the point here)."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.delay_s = delay_s
+        self.failing: set[str] = set()
+        self._lock = threading.Lock()
+        self._posts: list[Post] = []
+        self.current = 0
+        self.max_concurrent = 0
+
+    def posts(self, keys: Iterable[str] | None = None) -> list[Post]:
+        with self._lock:
+            posts = sorted(self._posts, key=lambda p: p.ended)
+        if keys is None:
+            return posts
+        wanted = set(keys)
+        return [p for p in posts if p.key in wanted]
+
+    def accepted(self, keys: Iterable[str] | None = None) -> list[str]:
+        return [str(p.key) for p in self.posts(keys) if p.status == 200]
+
+    def app(self) -> FastAPI:
+        app = FastAPI()
+
+        @app.post("/internal/audit/query")
+        async def audit(request: Request) -> Response:
+            started = time.monotonic()
+            with self._lock:
+                self.current += 1
+                self.max_concurrent = max(self.max_concurrent, self.current)
+            try:
+                body = await request.json()
+                if self.delay_s:
+                    await asyncio.sleep(self.delay_s)
+                key = request.headers.get("idempotency-key")
+                status = 503 if key in self.failing else 200
+            finally:
+                with self._lock:
+                    self.current -= 1
+            with self._lock:
+                self._posts.append(Post(key, body, status, started, time.monotonic()))
+            return Response(b"{}", status_code=status, media_type="application/json")
+
+        return app
+
+
+def max_overlap(posts: Iterable[Post]) -> int:
+    """The most posts whose [started, ended] intervals overlap at one instant."""
+    edges = sorted([(p.started, 1) for p in posts] + [(p.ended, -1) for p in posts])
+    current = best = 0
+    for _, step in edges:
+        current += step
+        best = max(best, current)
+    return best
+
+
+async def committed(bootstrap: str, group: str, tp: TopicPartition) -> int | None:
+    """The group's committed offset, read without joining the group (no rebalance)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        offset: int | None = await consumer.committed(tp)
+        return offset
+    finally:
+        await consumer.stop()
+
+
+def window_of(relay_env: dict[str, str]) -> int:
+    """The per-partition in-flight bound a relay runs with (its setting, or the default)."""
+    from audit_relay.settings import Settings
+
+    name = "AUDIT_RELAY_MAX_IN_FLIGHT_PER_PARTITION"
+    if name in relay_env:
+        return int(relay_env[name])
+    default = Settings.model_fields["audit_relay_max_in_flight_per_partition"].default
+    assert isinstance(default, int)
+    return default
+
+
+def assert_bounded_order(accepted: list[str], published: list[str], window: int) -> None:
+    """The ordering the relay promises within one partition (window.py): an event is accepted
+    only after every event `window` or more places before it was. With window 1: publish order."""
+    place = {key: i for i, key in enumerate(published)}
+    seen: set[int] = set()
+    low = 0  # every event before this place has been accepted
+    for key in accepted:
+        i = place[key]
+        assert i - window < low, f"event #{i} accepted before #{low} (window {window})"
+        seen.add(i)
+        while low in seen:
+            low += 1

@@ -8,7 +8,7 @@ import httpx
 import pytest
 from fastapi import FastAPI, Response
 
-from audit_relay.delivery import Accepted, DsSender, Refused, Retry
+from audit_relay.delivery import Accepted, ConnectorPools, DsSender, Refused, Retry
 from audit_relay.health import Health
 from dataplane_local.doubles.server import RunningServer, serve_in_thread
 from dataplane_local.infra import free_port
@@ -35,6 +35,13 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
         yield c
 
 
+@pytest.fixture
+async def pools() -> AsyncIterator[ConnectorPools]:
+    pools = ConnectorPools(max_in_flight=4, timeout_s=2.0)
+    yield pools
+    await pools.aclose()
+
+
 @pytest.mark.parametrize(
     ("code", "expected"),
     [
@@ -54,28 +61,36 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
     ],
 )
 async def test_answers_are_sorted_into_accepted_retry_and_final(
-    status_server: RunningServer, client: httpx.AsyncClient, code: int, expected: object
+    status_server: RunningServer,
+    client: httpx.AsyncClient,
+    pools: ConnectorPools,
+    code: int,
+    expected: object,
 ) -> None:
     health = Health(grace_s=0)
-    sender = DsSender(client, _unconfigured(client), health)
+    sender = DsSender(pools, _unconfigured(client), health)
     assert await sender.post(f"{status_server.url}/{code}", "e-1", {"row_count": 1}) == expected
     assert health.ds_auth_ready() == (code not in (401, 403))
 
 
-async def test_unreachable_ds_is_retried_and_unready_after_the_grace(client: httpx.AsyncClient) -> None:
+async def test_unreachable_ds_is_retried_and_unready_after_the_grace(
+    client: httpx.AsyncClient, pools: ConnectorPools
+) -> None:
     health = Health(grace_s=0)
-    sender = DsSender(client, _unconfigured(client), health)
+    sender = DsSender(pools, _unconfigured(client), health)
     outcome = await sender.post(f"http://127.0.0.1:{free_port()}", "e-1", {})
     assert outcome == Retry("connect_error")
     assert not health.ds_ready()
 
 
-async def test_unreachable_issuer_is_retried_and_unready(client: httpx.AsyncClient) -> None:
+async def test_unreachable_issuer_is_retried_and_unready(
+    client: httpx.AsyncClient, pools: ConnectorPools
+) -> None:
     health = Health(grace_s=60)
     token = ServiceToken(
         client, token_url=f"http://127.0.0.1:{free_port()}/token", client_id="svc", client_secret="secret"
     )
-    sender = DsSender(client, token, health)
+    sender = DsSender(pools, token, health)
     assert await sender.post("http://127.0.0.1:9", "e-1", {}) == Retry("token")
     assert not health.ds_auth_ready()
 

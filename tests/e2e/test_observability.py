@@ -25,7 +25,7 @@ TRACED = {"query-gateway", "filter-resolver", "audit-relay"}
 SCOPES = {
     "query-gateway": {"fastapi", "httpx", "asyncpg", "redis", "aiokafka"},
     "filter-resolver": {"aiokafka", "redis", "httpx"},
-    "audit-relay": {"aiokafka", "httpx"},
+    "audit-relay": {"aiokafka", "aiohttp"},  # its posts to ds go over aiohttp
 }
 
 pytestmark = pytest.mark.e2e

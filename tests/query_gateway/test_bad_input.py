@@ -270,7 +270,7 @@ async def test_nul_byte_is_400_not_503(client: httpx.AsyncClient) -> None:
     "content",
     [b'{"sql": "SELECT id FROM stats WHERE label = \'\xff\xfe\'"}', b'{"sql": "x"}\xc3', b"not json"],
 )
-async def test_invalid_utf8_or_not_json_is_422_invalid_request(
+async def test_invalid_utf8_or_not_json_is_400_invalid_body(
     content: bytes,
     client: httpx.AsyncClient,
     pull_client: httpx.AsyncClient,
@@ -278,8 +278,8 @@ async def test_invalid_utf8_or_not_json_is_422_invalid_request(
     flows_url: str,
     stats_offered: DsConnectorDouble,
 ) -> None:
-    # the contracts table: `invalid_request` is 422, as for any body the model refuses
-    details = await on_every_route(client, pull_client, world, flows_url, content, 422, "invalid_request")
+    # not a JSON document at all: 400 with its own code (a body the model refuses stays 422)
+    details = await on_every_route(client, pull_client, world, flows_url, content, 400, "invalid_body")
     assert details[0] == "invalid request: the body is not a JSON document"
     assert stats_offered.calls("authorize") == []
 

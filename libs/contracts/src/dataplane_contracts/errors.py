@@ -17,6 +17,7 @@ ErrorCode = Literal[
     "sql_too_long",
     "invalid_text",
     "body_too_large",
+    "invalid_body",
     "invalid_request",
     "auth_required",
     "invalid_token",
@@ -62,6 +63,7 @@ STATUS: dict[str, int] = {
     "sql_too_long": 400,
     "invalid_text": 400,  # a lone surrogate or a NUL: text PostgreSQL cannot take
     "body_too_large": 413,
+    "invalid_body": 400,  # not a JSON document: invalid UTF-8, or not JSON at all
     "invalid_request": 422,
     "auth_required": 401,
     "invalid_token": 401,

@@ -48,8 +48,16 @@ def _field_problem(error: Any) -> str:
     return where
 
 
-def install_error_handlers(app: FastAPI, invalid_request_code: ErrorCode) -> None:
-    """Render ServiceError and request validation failures; nothing else is swallowed."""
+NOT_JSON = "invalid request: the body is not a JSON document"
+
+
+def install_error_handlers(
+    app: FastAPI, invalid_request_code: ErrorCode, undecodable_body_code: ErrorCode | None = None
+) -> None:
+    """Render ServiceError and request validation failures; nothing else is swallowed. A body
+    that is not a JSON document at all (not UTF-8, not JSON) answers `undecodable_body_code`
+    when the service names one, else `invalid_request_code`."""
+    not_json_code = undecodable_body_code or invalid_request_code
 
     async def on_service_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ServiceError)
@@ -58,7 +66,10 @@ def install_error_handlers(app: FastAPI, invalid_request_code: ErrorCode) -> Non
     async def on_validation(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
         # field locations (and a bound) only: the offending input values could be personal data
-        fields = sorted({_field_problem(e) for e in exc.errors()})
+        errors = exc.errors()
+        if any(e.get("type") == "json_invalid" for e in errors):
+            return error_response(not_json_code, NOT_JSON)
+        fields = sorted({_field_problem(e) for e in errors})
         return error_response(invalid_request_code, "invalid request: " + ", ".join(fields))
 
     async def on_http(_: Request, exc: Exception) -> JSONResponse:
@@ -70,7 +81,7 @@ def install_error_handlers(app: FastAPI, invalid_request_code: ErrorCode) -> Non
             return error_response("body_too_large", "request body too large")
         # FastAPI's 400 for a body it could not read (not UTF-8, say): a malformed request like
         # any other, under the service's own code — never a routing error
-        return error_response(invalid_request_code, "invalid request: the body is not a JSON document")
+        return error_response(not_json_code, NOT_JSON)
 
     app.add_exception_handler(ServiceError, on_service_error)
     app.add_exception_handler(RequestValidationError, on_validation)

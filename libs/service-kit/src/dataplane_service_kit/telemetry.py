@@ -110,12 +110,14 @@ def setup_telemetry(service_name: str, environ: Mapping[str, str] | None = None)
 
 
 def _instrument_libraries() -> None:
+    from opentelemetry.instrumentation.aiohttp_client import AioHttpClientInstrumentor
     from opentelemetry.instrumentation.aiokafka import AIOKafkaInstrumentor
     from opentelemetry.instrumentation.asyncpg import AsyncPGInstrumentor
     from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
     from opentelemetry.instrumentation.redis import RedisInstrumentor
 
     HTTPXClientInstrumentor().instrument()
+    AioHttpClientInstrumentor().instrument()  # the relay's posts to ds
     AsyncPGInstrumentor().instrument()  # type: ignore[no-untyped-call]
     RedisInstrumentor().instrument()
     # publish and consume spans; it appends its own traceparent after ours (see below)

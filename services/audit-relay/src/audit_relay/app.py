@@ -11,7 +11,7 @@ import httpx
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from fastapi import FastAPI
 
-from audit_relay.delivery import DsSender
+from audit_relay.delivery import ConnectorPools, DsSender
 from audit_relay.health import Health
 from audit_relay.metrics import Metrics
 from audit_relay.relay import Relay
@@ -19,6 +19,7 @@ from audit_relay.settings import Settings
 from dataplane_service_kit.health import health_router
 from dataplane_service_kit.logs import get_logger
 from dataplane_service_kit.oauth import ClientCredentialsToken
+from dataplane_service_kit.telemetry import FASTAPI_TELEMETRY
 
 log = get_logger(__name__)
 
@@ -51,7 +52,12 @@ def create_app(settings: Settings) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # the issuer's client; ds gets a pool per connector (ConnectorPools)
         client = httpx.AsyncClient(timeout=settings.audit_relay_http_timeout_s, follow_redirects=False)
+        pools = ConnectorPools(
+            max_in_flight=settings.audit_relay_max_in_flight_per_connector,
+            timeout_s=settings.audit_relay_http_timeout_s,
+        )
         secret = settings.celine_oidc_client_secret
         token = ClientCredentialsToken(
             client,
@@ -64,7 +70,7 @@ def create_app(settings: Settings) -> FastAPI:
             settings=settings,
             consumer=_consumer(settings),
             producer=_producer(settings),
-            sender=DsSender(client, token, health),
+            sender=DsSender(pools, token, health),
             health=health,
             metrics=metrics,
         )
@@ -80,9 +86,10 @@ def create_app(settings: Settings) -> FastAPI:
             await _closing("relay", _settled(task))
             await _closing("consumer", relay.consumer.stop())
             await _closing("producer", relay.producer.stop())
+            await _closing("connector_pools", pools.aclose())
             await _closing("http_client", client.aclose())
 
-    app = FastAPI(title="audit-relay", lifespan=lifespan)
+    app = FastAPI(title="audit-relay", lifespan=lifespan, telemetry=FASTAPI_TELEMETRY)
     app.include_router(health_router(health.checks, registry=metrics.registry))
     return app
 

@@ -1,19 +1,20 @@
-"""The consumer: one group, manual commits, one ordered worker per assigned partition.
+"""The consumer: one group, manual commits, a worker per assigned partition (partition.py) that
+delivers several records at once within a window (window.py).
 
-Flow per partition: the poll loop hands a batch to the partition's worker and pauses the
-partition; the worker delivers record after record (retrying the same record, never skipping
-ahead), commits, and resumes the partition. A partition waiting out a backoff is therefore paused
-while the loop keeps polling the others, so the group never rebalances for a slow ds. An offset is
-committed only once ds accepted the record or the DLQ holds it (acks=all, awaited)."""
+The poll loop only fetches and feeds; each partition's worker sends what its window allows and
+commits the offset after its longest finished prefix, so an offset is committed only once ds
+accepted every record before it or the DLQ holds it (acks=all, awaited). A partition waiting out
+a backoff, or with its buffer full, is paused or simply not sending while the loop keeps polling
+the others, so the group never rebalances for a slow ds."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
-from collections import deque
-from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
@@ -23,9 +24,10 @@ from opentelemetry import trace
 from audit_relay.delivery import Accepted, DsSender, Refused, Retry, backoff_delay
 from audit_relay.health import Health
 from audit_relay.metrics import Metrics
+from audit_relay.partition import FINISHED, HELD_BACK, Finished, PartitionWorker
 from audit_relay.records import Rejected, audit_body, dead_letter, parse_event
 from audit_relay.settings import Settings
-from dataplane_contracts.events import DisclosureRecorded
+from audit_relay.window import Record, Slot, Window
 from dataplane_contracts.settings import ConnectorNotConfigured, UnroutableProvider, connector_base
 from dataplane_service_kit.logs import get_logger
 from dataplane_service_kit.telemetry import context_from_kafka_headers
@@ -34,96 +36,21 @@ log = get_logger(__name__)
 _tracer = trace.get_tracer("audit_relay")
 
 
-class Record(Protocol):
-    """The parts of an aiokafka ConsumerRecord the relay reads (aiokafka ships no type hints)."""
+@dataclass(frozen=True)
+class _Post:
+    """A record ready to post, worked out once however often it is retried."""
 
-    topic: str
-    partition: int
-    offset: int
-    timestamp: int
-    key: bytes | None
-    value: bytes | None
-    headers: Sequence[tuple[str, bytes]]
+    event_id: str
+    connector: str
+    body: dict[str, Any]
 
 
-class PartitionWorker:
-    """Delivers one partition's records in order."""
+@dataclass(frozen=True)
+class _Letter:
+    """A record to dead-letter (kept, so a failed DLQ write is retried without asking ds again)."""
 
-    def __init__(self, relay: Relay, tp: TopicPartition) -> None:
-        self.relay = relay
-        self.tp = tp
-        self.pending: deque[Record] = deque()
-        self.done_offset: int | None = None  # next offset to commit
-        # the connector the record in hand is being delivered to; set while it is retried, so a
-        # revoked partition tells which connector's health state only it was keeping alive
-        self.connector: str | None = None
-        self.committed_offset: int | None = None
-        self._wake = asyncio.Event()
-        self._dirty = asyncio.Event()
-        self._commit_lock = asyncio.Lock()
-        self._failures = 0
-        name = f"audit-relay-{tp.topic}-{tp.partition}"
-        self.task = asyncio.create_task(self._run(), name=name)
-        self._committer = asyncio.create_task(self._commit_loop(), name=f"{name}-commit")
-
-    def feed(self, records: Iterable[Record]) -> None:
-        self.pending.extend(records)
-        self._wake.set()
-
-    async def _run(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while self.pending:
-                record = self.pending[0]
-                if not await self._handle(record):
-                    continue  # the same record again: never skip ahead
-                self.pending.popleft()
-                self.done_offset = record.offset + 1
-                self._dirty.set()
-            self.relay.resume(self.tp)
-
-    async def _handle(self, record: Record) -> bool:
-        """True once the record is done. An unexpected error (a bug) must neither kill the
-        partition silently nor skip the record: it is logged and the record retried."""
-        try:
-            await self.relay.handle(record, self)
-        except Exception as exc:
-            self._failures += 1
-            log.error("handle_failed", partition=self.tp.partition, offset=record.offset, exc_info=exc)
-            await self.relay.wait_retry(Retry("internal"), self._failures - 1, self, "")
-            return False
-        self._failures = 0
-        return True
-
-    async def _commit_loop(self) -> None:
-        """Commit the newest finished offset in the background, so delivery does not wait for the
-        broker and a crash redelivers at most the records finished since the last commit."""
-        while True:
-            await self._dirty.wait()
-            self._dirty.clear()
-            await self.commit()
-
-    async def commit(self) -> None:
-        # one commit at a time per partition, so a slower older commit never lands after a newer one
-        async with self._commit_lock:
-            offset = self.done_offset
-            if offset is None or offset == self.committed_offset:
-                return
-            try:
-                await self.relay.consumer.commit({self.tp: offset})
-            except KafkaError as exc:  # a later commit covers it; the records stay at least once
-                log.warning("commit_failed", partition=self.tp.partition, error=type(exc).__name__)
-                return
-            self.committed_offset = offset
-
-    async def stop(self) -> None:
-        """Stop delivering, then commit what is finished."""
-        for task in (self.task, self._committer):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        await self.commit()
+    rejected: Rejected
+    ds_status: int | None = None
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -156,9 +83,9 @@ class Relay:
         self.health = health
         self.metrics = metrics
         self.workers: dict[TopicPartition, PartitionWorker] = {}
-        # partition → connector its worker was delivering to when the partition was revoked; read
-        # once the new assignment is known (settle_health)
-        self._interrupted: dict[TopicPartition, str] = {}
+        # partition → connectors its worker had sent to without an answer that finished the record,
+        # when the partition was revoked; read once the new assignment is known (settle_health)
+        self._interrupted: dict[TopicPartition, set[str]] = {}
         self._stopping = False
 
     # -- the poll loop --------------------------------------------------------------------------
@@ -166,10 +93,12 @@ class Relay:
         await self._start_clients()
         self.health.consuming = True
         monitor = asyncio.create_task(self._monitor(), name="audit-relay-monitor")
+        # one fetch brings at most what one partition may buffer (the rest would be sought back)
+        max_records = self.settings.audit_relay_max_buffered_per_partition
         try:
             while not self._stopping:
                 try:
-                    batches = await self.consumer.getmany(timeout_ms=200)
+                    batches = await self.consumer.getmany(timeout_ms=200, max_records=max_records)
                 except KafkaError as exc:
                     log.warning("poll_failed", error=type(exc).__name__)
                     await asyncio.sleep(1.0)
@@ -180,7 +109,6 @@ class Relay:
                     worker = self.workers.get(tp)
                     if worker is None:
                         worker = self.workers[tp] = PartitionWorker(self, tp)
-                    self._pause(tp)
                     worker.feed(records)
         finally:
             monitor.cancel()
@@ -209,13 +137,16 @@ class Relay:
         self._stopping = True
         await self.drop_workers(list(self.workers))
 
-    def _pause(self, tp: TopicPartition) -> None:
-        if tp in self.consumer.assignment():
-            self.consumer.pause(tp)
+    def pause(self, worker: PartitionWorker) -> None:
+        """Stop fetching a partition whose buffer is full (its worker resumes it)."""
+        if worker.tp in self.consumer.assignment():
+            self.consumer.pause(worker.tp)
+            worker.fetch_paused = True
 
-    def resume(self, tp: TopicPartition) -> None:
-        if tp in self.consumer.assignment() and self.workers.get(tp) is not None:
-            self.consumer.resume(tp)
+    def resume(self, worker: PartitionWorker) -> None:
+        if worker.tp in self.consumer.assignment() and self.workers.get(worker.tp) is worker:
+            self.consumer.resume(worker.tp)
+        worker.fetch_paused = False
 
     async def drop_workers(self, tps: Iterable[TopicPartition]) -> None:
         """Stop the workers of revoked partitions and commit what they finished; whatever was in
@@ -224,8 +155,9 @@ class Relay:
             worker = self.workers.pop(tp, None)
             if worker is None:
                 continue
-            if worker.connector is not None:
-                self._interrupted[tp] = worker.connector
+            connectors = worker.window.connectors()
+            if connectors:
+                self._interrupted[tp] = connectors
             await worker.stop()
             with contextlib.suppress(KeyError):  # no lag was measured for it yet
                 self.metrics.consumer_lag.remove(tp.topic, str(tp.partition))
@@ -235,11 +167,16 @@ class Relay:
         partition left here has work for it. Its failing state is otherwise cleared only by that
         connector answering, which never happens if the record went to another replica, and the
         relay would stay unready for good. A partition assigned again keeps its state: its worker
-        resumes the same record and the grace keeps running."""
+        sends the same records again and the grace keeps running."""
         kept = set(assigned)
-        busy = {c for tp, c in self._interrupted.items() if tp in kept}
-        busy |= {w.connector for w in self.workers.values() if w.connector is not None}
-        for connector in set(self._interrupted.values()) - busy:
+        busy: set[str] = set()
+        for tp, connectors in self._interrupted.items():
+            if tp in kept:
+                busy |= connectors
+        for worker in self.workers.values():
+            busy |= worker.window.connectors()
+        interrupted = set().union(*self._interrupted.values()) if self._interrupted else set()
+        for connector in interrupted - busy:
             self.health.forget(connector)
             log.info("connector_forgotten", connector=connector)
         if not busy:
@@ -247,8 +184,9 @@ class Relay:
             self.health.credentials_failing = False
         self._interrupted.clear()
 
-    # -- one record ------------------------------------------------------------------------------
-    async def handle(self, record: Record, worker: PartitionWorker) -> None:
+    # -- one attempt at one record ------------------------------------------------------------------
+    async def deliver(self, slot: Slot, window: Window) -> Finished | Retry:
+        record = slot.record
         ctx: Any = context_from_kafka_headers(record.headers)
         with _tracer.start_as_current_span(
             "audit_relay.consume", context=ctx, kind=trace.SpanKind.CONSUMER
@@ -256,70 +194,53 @@ class Relay:
             span.set_attribute("messaging.destination.name", record.topic)
             span.set_attribute("messaging.destination.partition.id", str(record.partition))
             span.set_attribute("messaging.kafka.offset", record.offset)
-            parsed = parse_event(record.value)
-            if isinstance(parsed, Rejected):
-                await self._dead_letter(record, parsed, worker)
-                return
-            span.set_attribute("audit_relay.event_id", str(parsed.event_id))
-            await self._deliver(record, parsed, worker)
+            if slot.prepared is None:
+                slot.prepared = self._prepare(record)
+            prepared = slot.prepared
+            if isinstance(prepared, _Letter):
+                return await self._dead_letter(slot, prepared)
+            assert isinstance(prepared, _Post)
+            span.set_attribute("audit_relay.event_id", prepared.event_id)
+            async with self.sender.gate(prepared.connector):
+                # a record of this partition failed while this one waited for the connector: only
+                # the probe may go now (window.py, "Retry, head first")
+                if not window.may_post(slot, time.monotonic()):
+                    return HELD_BACK
+                slot.connector = prepared.connector
+                self.metrics.in_flight.inc()
+                try:
+                    outcome = await self.sender.post(prepared.connector, prepared.event_id, prepared.body)
+                finally:
+                    self.metrics.in_flight.dec()
+            if isinstance(outcome, Accepted):
+                self.metrics.delivered.inc()
+                self.metrics.outcome("delivered")
+                self.metrics.delivery_latency.observe(max(0.0, time.time() - record.timestamp / 1000))
+                return FINISHED
+            if isinstance(outcome, Refused):
+                rejected = Rejected("ds_rejected", f"ds answered {outcome.status}", prepared.event_id)
+                slot.prepared = _Letter(rejected, outcome.status)
+                return await self._dead_letter(slot, slot.prepared)
+            return outcome
 
-    async def _deliver(self, record: Record, event: DisclosureRecorded, worker: PartitionWorker) -> None:
-        event_id = str(event.event_id)
+    def _prepare(self, record: Record) -> _Post | _Letter:
+        """The event, its connector and its body; or why it goes to the DLQ."""
+        parsed = parse_event(record.value)
+        if isinstance(parsed, Rejected):
+            return _Letter(parsed)
+        event_id = str(parsed.event_id)
         try:
-            connector = connector_base(self.settings, event.provider_participant)
+            connector = connector_base(self.settings, parsed.provider_participant)
         except UnroutableProvider:
-            rejected = Rejected("unroutable", "no connector is configured for the provider", event_id)
-            await self._dead_letter(record, rejected, worker)
-            return
+            return _Letter(Rejected("unroutable", "no connector is configured for the provider", event_id))
         except ConnectorNotConfigured:
-            rejected = Rejected("ds_not_configured", "CONNECTOR_INTERNAL_URL is not configured", event_id)
-            await self._dead_letter(record, rejected, worker)
-            return
-        body = audit_body(event)
-        attempt = 0
-        worker.connector = connector
-        try:
-            while True:
-                outcome = await self.sender.post(connector, event_id, body)
-                if isinstance(outcome, Accepted):
-                    self.metrics.delivered.inc()
-                    self.metrics.delivery_latency.observe(max(0.0, time.time() - record.timestamp / 1000))
-                    return
-                if isinstance(outcome, Refused):
-                    rejected = Rejected("ds_rejected", f"ds answered {outcome.status}", event_id)
-                    await self._dead_letter(record, rejected, worker, ds_status=outcome.status)
-                    return
-                await self.wait_retry(outcome, attempt, worker, event_id)
-                attempt += 1
-        finally:
-            worker.connector = None
+            return _Letter(
+                Rejected("ds_not_configured", "CONNECTOR_INTERNAL_URL is not configured", event_id)
+            )
+        return _Post(event_id, connector, audit_body(parsed))
 
-    async def wait_retry(self, outcome: Retry, attempt: int, worker: PartitionWorker, event_id: str) -> None:
-        self.metrics.retried.labels(outcome.cause).inc()
-        s = self.settings
-        delay = backoff_delay(
-            attempt,
-            initial_s=s.audit_relay_backoff_initial_s,
-            max_s=s.audit_relay_backoff_max_s,
-            retry_after_s=outcome.retry_after_s,
-            retry_after_max_s=s.audit_relay_retry_after_max_s,
-        )
-        log.warning(
-            "delivery_retry",
-            event_id=event_id,
-            partition=worker.tp.partition,
-            cause=outcome.cause,
-            attempt=attempt + 1,
-            delay_s=round(delay, 3),
-        )
-        # what is done is made durable before waiting, so a crash during a long outage
-        # redelivers only the record being retried
-        await worker.commit()
-        await asyncio.sleep(delay)
-
-    async def _dead_letter(
-        self, record: Record, rejected: Rejected, worker: PartitionWorker, ds_status: int | None = None
-    ) -> None:
+    async def _dead_letter(self, slot: Slot, letter: _Letter) -> Finished | Retry:
+        record, rejected = slot.record, letter.rejected
         value = dead_letter(
             rejected,
             topic=record.topic,
@@ -327,21 +248,19 @@ class Relay:
             offset=record.offset,
             key=record.key,
             value=record.value,
-            ds_status=ds_status,
+            ds_status=letter.ds_status,
         )
         headers = [*(record.headers or ()), ("dlq-reason", rejected.reason.encode())]
-        attempt = 0
-        while True:
-            try:
-                await self.producer.send_and_wait(
-                    self.settings.audit_relay_dlq_topic, value, key=record.key, headers=headers
-                )
-                break
-            except KafkaError as exc:
-                log.warning("dead_letter_write_failed", error=type(exc).__name__)
-                await self.wait_retry(Retry("dlq_write"), attempt, worker, rejected.event_id or "")
-                attempt += 1
+        try:
+            await self.producer.send_and_wait(
+                self.settings.audit_relay_dlq_topic, value, key=record.key, headers=headers
+            )
+        except KafkaError as exc:
+            log.warning("dead_letter_write_failed", error=type(exc).__name__)
+            return Retry("dlq_write")
+        slot.connector = None  # ds has had its answer; the DLQ holds the rest
         self.metrics.dead_lettered.labels(rejected.reason).inc()
+        self.metrics.outcome("dead_lettered")
         log.warning(
             "dead_lettered",
             reason=rejected.reason,
@@ -349,6 +268,40 @@ class Relay:
             event_id=rejected.event_id,
             partition=record.partition,
             offset=record.offset,
+        )
+        return FINISHED
+
+    # -- retries --------------------------------------------------------------------------------------
+    def backoff(self, outcome: Retry) -> Callable[[int], float]:
+        s = self.settings
+
+        def delay(attempt: int) -> float:
+            return backoff_delay(
+                attempt,
+                initial_s=s.audit_relay_backoff_initial_s,
+                max_s=s.audit_relay_backoff_max_s,
+                retry_after_s=outcome.retry_after_s,
+                retry_after_max_s=s.audit_relay_retry_after_max_s,
+            )
+
+        return delay
+
+    def count_retry(self, outcome: Retry, slot: Slot, delay_s: float | None) -> None:
+        self.metrics.retried.labels(outcome.cause).inc()
+        self.metrics.outcome("retried")
+        prepared = slot.prepared
+        event_id = prepared.event_id if isinstance(prepared, _Post) else None
+        if isinstance(prepared, _Letter):
+            event_id = prepared.rejected.event_id
+        log.warning(
+            "delivery_retry",
+            event_id=event_id,
+            partition=slot.record.partition,
+            offset=slot.record.offset,
+            cause=outcome.cause,
+            attempt=slot.attempts,
+            # none: it was in flight beside the record that failed first, and waits behind it
+            delay_s=None if delay_s is None else round(delay_s, 3),
         )
 
     # -- broker probe and lag ----------------------------------------------------------------------

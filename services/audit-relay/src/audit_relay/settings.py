@@ -28,6 +28,16 @@ class Settings(HttpSettings, KafkaSettings, OidcSettings, ConnectorSettings):
     audit_relay_session_timeout_ms: int = Field(default=10_000, ge=1_000)
     # how often the broker is probed and the per-partition lag gauge refreshed
     audit_relay_monitor_interval_s: float = Field(default=5.0, gt=0)
+    # Posts of one partition in flight at once, and how far ahead of its oldest unfinished record
+    # a partition may send (window.py). 1 keeps ds seeing each partition strictly in order, at one
+    # round trip per record; the default covers the round trip at the relay's target rate.
+    audit_relay_max_in_flight_per_partition: int = Field(default=32, ge=1, le=1024)
+    # Posts to one connector in flight at once, over all partitions: the size of that connector's
+    # keep-alive pool, so one busy ds neither gets more than this nor starves the others.
+    audit_relay_max_in_flight_per_connector: int = Field(default=64, ge=1, le=1024)
+    # Records of one partition fetched and not yet delivered or dead-lettered; fetching of the
+    # partition pauses at this many (back-pressure), and resumes once half of them are done.
+    audit_relay_max_buffered_per_partition: int = Field(default=512, ge=1, le=100_000)
 
     @model_validator(mode="after")
     def _complete(self) -> Settings:
@@ -40,4 +50,10 @@ class Settings(HttpSettings, KafkaSettings, OidcSettings, ConnectorSettings):
                 raise ValueError("CELINE_OIDC_CLIENT_SECRET is required with CELINE_OIDC_CLIENT_ID")
         if self.audit_relay_backoff_max_s < self.audit_relay_backoff_initial_s:
             raise ValueError("AUDIT_RELAY_BACKOFF_MAX_S must not be below AUDIT_RELAY_BACKOFF_INITIAL_S")
+        if self.audit_relay_max_buffered_per_partition < self.audit_relay_max_in_flight_per_partition:
+            # the window could never fill: what is in flight has to be buffered first
+            raise ValueError(
+                "AUDIT_RELAY_MAX_BUFFERED_PER_PARTITION must not be below "
+                "AUDIT_RELAY_MAX_IN_FLIGHT_PER_PARTITION"
+            )
         return self

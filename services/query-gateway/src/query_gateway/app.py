@@ -134,7 +134,9 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     )
     app.state.settings = settings
     app.state.checks = {}
-    install_error_handlers(app, "invalid_request")
+    # a body that is not JSON at all (invalid UTF-8 among others) is 400 invalid_body: refused
+    # before anything reads it, like a NUL or a lone surrogate in the statement
+    install_error_handlers(app, "invalid_request", "invalid_body")
     # before any route reads the body: FastAPI decodes it before the handler runs
     app.add_middleware(
         BodyLimit, max_bytes=settings.query_max_body_bytes, refused=body_refusals(settings.dps_enabled)

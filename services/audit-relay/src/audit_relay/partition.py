@@ -1,0 +1,142 @@
+"""One assigned partition: its window of fetched records (window.py), the delivery tasks the window
+allows, and the commits.
+
+The poll loop feeds records in; this worker hands each one the window allows to a task of its own
+(the relay's `deliver`), settles the outcome in the window, and commits the window's commit point
+in the background. A backoff blocks only this partition: the poll loop and the other partitions'
+workers carry on. Fetching of the partition pauses once AUDIT_RELAY_MAX_BUFFERED_PER_PARTITION
+records are waiting, and resumes when half of them are done."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal
+
+from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
+
+from audit_relay.delivery import Retry
+from audit_relay.window import Record, Slot, Window
+from dataplane_service_kit.logs import get_logger
+
+if TYPE_CHECKING:
+    from audit_relay.relay import Relay
+
+log = get_logger(__name__)
+
+# what a delivery task reports besides a Retry: the record is done (ds accepted it or the DLQ holds
+# it), or it was handed out but not posted, the partition having started a backoff meanwhile
+Finished = Literal["finished", "held_back"]
+FINISHED: Finished = "finished"
+HELD_BACK: Finished = "held_back"
+
+
+class PartitionWorker:
+    def __init__(self, relay: Relay, tp: TopicPartition) -> None:
+        self.relay = relay
+        self.tp = tp
+        settings = relay.settings
+        self.window = Window(settings.audit_relay_max_in_flight_per_partition)
+        self._max_buffered = settings.audit_relay_max_buffered_per_partition
+        self.fetch_paused = False
+        self.committed_offset: int | None = None
+        self._wake = asyncio.Event()
+        self._dirty = asyncio.Event()
+        self._commit_lock = asyncio.Lock()
+        self._deliveries: set[asyncio.Task[None]] = set()
+        name = f"audit-relay-{tp.topic}-{tp.partition}"
+        self._name = name
+        self.task = asyncio.create_task(self._run(), name=name)
+        self._committer = asyncio.create_task(self._commit_loop(), name=f"{name}-commit")
+
+    # -- records in -----------------------------------------------------------------------------
+    def feed(self, records: Sequence[Record]) -> None:
+        """Take what fits; the rest is fetched again once there is room (seek back to it), so what
+        is buffered never exceeds the bound, whatever one fetch returned."""
+        room = self._max_buffered - len(self.window)
+        taken = records[: max(0, room)]
+        self.window.add(taken)
+        self.relay.metrics.buffered.inc(len(taken))
+        if len(taken) < len(records):
+            self.relay.consumer.seek(self.tp, records[len(taken)].offset)
+        if len(self.window) >= self._max_buffered:
+            self.relay.pause(self)
+        self._wake.set()
+
+    # -- sending --------------------------------------------------------------------------------
+    async def _run(self) -> None:
+        while True:
+            self._wake.clear()
+            now = time.monotonic()
+            while (slot := self.window.next_to_send(now)) is not None:
+                task = asyncio.create_task(self._attempt(slot), name=f"{self._name}-{slot.record.offset}")
+                self._deliveries.add(task)
+                task.add_done_callback(self._deliveries.discard)
+            wait_s = self.window.wait_s(now)
+            if wait_s is None:
+                await self._wake.wait()
+            else:  # a backoff: wake when it ends, or earlier if a task settles
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), wait_s)
+
+    async def _attempt(self, slot: Slot) -> None:
+        """One attempt at one record. An unexpected error (a bug) must neither kill the partition
+        silently nor skip the record: it is logged and the record retried like a failed post."""
+        try:
+            result = await self.relay.deliver(slot, self.window)
+        except Exception as exc:
+            log.error("handle_failed", partition=self.tp.partition, offset=slot.record.offset, exc_info=exc)
+            result = Retry("internal")
+        self._settle(slot, result)
+
+    def _settle(self, slot: Slot, result: Finished | Retry) -> None:
+        if result == FINISHED:
+            before = len(self.window)
+            if self.window.done(slot):
+                self.relay.metrics.buffered.dec(before - len(self.window))
+                self._dirty.set()
+                if self.fetch_paused and len(self.window) <= self._max_buffered // 2:
+                    self.relay.resume(self)
+        elif result == HELD_BACK:
+            self.window.not_posted(slot)
+        else:
+            assert isinstance(result, Retry)
+            slot.attempts += 1
+            delay = self.window.failed(slot, time.monotonic(), self.relay.backoff(result))
+            self.relay.count_retry(result, slot, delay)
+        self._wake.set()
+
+    # -- commits --------------------------------------------------------------------------------
+    async def _commit_loop(self) -> None:
+        """Commit the newest commit point in the background, so delivery does not wait for the
+        broker and a crash redelivers at most the records finished since the last commit."""
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            await self.commit()
+
+    async def commit(self) -> None:
+        # one commit at a time per partition, so a slower older commit never lands after a newer one
+        async with self._commit_lock:
+            offset = self.window.commit_offset
+            if offset is None or offset == self.committed_offset:
+                return
+            try:
+                await self.relay.consumer.commit({self.tp: offset})
+            except KafkaError as exc:  # a later commit covers it; the records stay at least once
+                log.warning("commit_failed", partition=self.tp.partition, error=type(exc).__name__)
+                return
+            self.committed_offset = offset
+
+    async def stop(self) -> None:
+        """Stop delivering (posts in flight are abandoned: the next owner sends them again, with
+        the same Idempotency-Key), then commit what is finished."""
+        tasks = [self.task, self._committer, *self._deliveries]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.relay.metrics.buffered.dec(len(self.window))
+        await self.commit()
