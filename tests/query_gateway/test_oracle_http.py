@@ -43,6 +43,7 @@ from sqlgw_support import (
     multiset,
     permits,
     permitted_database,
+    raising_statements,
     seed,
     statements,
 )
@@ -267,3 +268,45 @@ async def test_differential_oracle_through_the_edr_route(
     assert body["count"] == len(expected)
     assert body["total"] == (None if skip_count else len(expected))
     await check_disclosures(disclosures, transfer, touched, wire, len(expected))
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=bool(os.environ.get("CI")),
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(sql=raising_statements(), case=cases())
+async def test_raising_predicates_through_the_edr_route_answer_as_database_b(
+    oracle_client: httpx.AsyncClient,
+    world: World,
+    ds: DsConnectorDouble,
+    db_b: asyncpg.Connection,
+    sql: str,
+    case: tuple[Permit, Wire],
+) -> None:
+    """Issue 19: a predicate raising on one (pod, value) errs through the route exactly when it
+    errs on B (the aimed-at row is permitted), and otherwise serves B's rows."""
+    permit, wire = case
+    ds.set_policy(ds_policy([{"dataset_id": d, **wire[d]} for d in DATASETS]))
+    headers = {"Authorization": f"Bearer {world.edr()}", "Edc-Contract-Agreement-Id": AGREEMENT}
+    r = await oracle_client.post("/query", json={"sql": sql, "limit": MAX_LIMIT}, headers=headers)
+    got: tuple[object, ...] = (
+        ("rows", tuple(multiset([tuple(item.items()) for item in r.json()["items"]])))
+        if r.status_code == 200
+        else (r.status_code, r.json()["error"])
+    )
+    touched = touched_by(sql)
+    if permit.denies(tuple(touched)):
+        assert got == ("rows", ()), sql
+        return
+    await load_permitted(db_b, permit)
+    try:
+        expected: tuple[object, ...] = (
+            "rows",
+            tuple(multiset([as_item(row) for row in await db_b.fetch(sql)])),
+        )
+    except asyncpg.DataError:
+        expected = (400, "query_failed")
+    event("error" if expected[0] == 400 else "rows")
+    assert got == expected, sql

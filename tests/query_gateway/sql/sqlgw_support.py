@@ -297,6 +297,38 @@ def statements(draw: st.DrawFn) -> str:
     return draw(st.sampled_from(templates))
 
 
+# Issue 19: predicates that raise on one chosen (pod, value) — a division by zero or a failing
+# cast — in every clause a caller's predicate can sit in. The row they aim at may be permitted
+# (then B raises too) or forbidden (then B holds no such row): the answer must be B's either way,
+# an error exactly when B errs.
+RAISE = "1 / (CASE WHEN {a}.pod = '{p}' AND {a}.value = {n} THEN 0 ELSE 1 END) = 1"
+CAST_RAISE = "CAST(CASE WHEN {a}.pod = '{p}' AND {a}.value = {n} THEN 'x' ELSE '1' END AS integer) = 1"
+
+
+@st.composite
+def raising_statements(draw: st.DrawFn) -> str:
+    n = draw(st.sampled_from(sorted({v for _, _, v, _ in READINGS})))
+    p = draw(st.sampled_from(FORGED_PODS))
+    guard = draw(st.sampled_from([RAISE, CAST_RAISE]))
+
+    def on(a: str) -> str:
+        return guard.format(a=a, p=p, n=n)
+
+    templates = [
+        f"SELECT r.id, r.pod FROM readings r WHERE {on('r')}",
+        f"SELECT r.id FROM readings r WHERE r.org = 'org-a' AND {on('r')}",
+        f"SELECT a.id FROM readings a JOIN readings b ON a.id = b.id AND {on('b')}",
+        f"SELECT r.id, m.kind FROM readings r LEFT JOIN grid.meters m ON m.pod = r.pod AND {on('r')}",
+        f"SELECT r.pod, r.value, count(*) AS n FROM readings r GROUP BY r.pod, r.value HAVING {on('r')}",
+        f"WITH c AS MATERIALIZED (SELECT * FROM readings x WHERE {on('x')}) SELECT c.id FROM c",
+        f"WITH c AS (SELECT * FROM readings) SELECT c.id FROM c WHERE {on('c')}",
+        f"SELECT d.id FROM (SELECT * FROM readings x) d WHERE {on('d')}",
+        f"SELECT m.pod FROM grid.meters m WHERE m.pod IN (SELECT r.pod FROM readings r WHERE {on('r')})",
+        f"SELECT count(*) AS n FROM readings r WHERE {on('r')}",
+    ]
+    return draw(st.sampled_from(templates))
+
+
 def multiset(rows: list[tuple[object, ...]]) -> list[tuple[object, ...]]:
     return sorted(rows, key=repr)
 

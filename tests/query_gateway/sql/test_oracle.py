@@ -24,9 +24,11 @@ from sqlgw_support import (
     multiset,
     permits,
     permitted_database,
+    raising_statements,
     statements,
 )
 
+from dataplane_service_kit.errors import ServiceError
 from query_gateway.sql import validate_query
 from query_gateway.sql.execute import jsonable
 
@@ -73,3 +75,43 @@ async def test_rewrite_matches_a_database_holding_only_permitted_rows(
     expected = multiset([tuple(jsonable(v) for v in r.values()) for r in direct])
     assert got == expected, sql
     assert page.total == len(expected)
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=bool(os.environ.get("CI")),
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(sql=raising_statements(), permit=permits)
+# the aimed-at row (pod-2, value 14: id 2) is forbidden: B holds nothing to raise on
+@example(
+    sql="SELECT r.id, r.pod FROM readings r WHERE 1 / (CASE WHEN r.pod = 'pod-2' AND r.value = 14 THEN 0 ELSE 1 END) = 1",
+    permit=Permit(pods=("pod-1", "pod-3", "pod-4"), orgs=("org-a", "org-b"), sites=None),
+)
+async def test_raising_predicates_answer_as_a_database_holding_only_permitted_rows(
+    db: Db, db_b: asyncpg.Connection, sql: str, permit: Permit
+) -> None:
+    """Issue 19: an error exactly when B errs, else B's rows — repeated past the generic plan."""
+    validated = validate_query(sql, CATALOGUE)
+    outcomes = set()
+    for _ in range(8):
+        try:
+            page = await db.query(sql, permit.plans())
+            outcomes.add(("rows", tuple(multiset([tuple(item.values()) for item in page.items]))))
+        except ServiceError as err:
+            outcomes.add(("error", err.code))
+    assert len(outcomes) == 1, (sql, outcomes)  # the same answer every time
+    [got] = outcomes
+    if permit.denies(validated.dataset_ids):
+        assert got == ("rows", ()), sql  # FALSE everywhere: nothing is read, so nothing raises
+        return
+    await load_permitted(db_b, permit)
+    try:
+        expected: tuple[object, ...] = (
+            "rows",
+            tuple(multiset([tuple(jsonable(v) for v in r.values()) for r in await db_b.fetch(sql)])),
+        )
+    except asyncpg.DataError:
+        expected = ("error", "query_failed")
+    assert got == expected, sql
