@@ -26,6 +26,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from gateway_support import (
     CLIENT_ID,
     CLIENT_SECRET,
+    PUBLIC_PEM,
+    PULL_GRANTS_DDL,
     SEED,
     FakeResolver,
     TopicTail,
@@ -35,6 +37,7 @@ from gateway_support import (
     fake_resolver,
     flush_plan_cache,
     running_gateway,
+    scratch_database,
 )
 
 
@@ -138,3 +141,20 @@ async def flushed(world: World, resolver: FakeResolver) -> FakeResolver:
     await flush_plan_cache(world)
     resolver.reset()
     return resolver
+
+
+@pytest.fixture(scope="module")
+async def flows_url(postgres_url: str) -> AsyncIterator[str]:
+    """A flows database holding the pull-grant view in the shape signaling publishes."""
+    async with scratch_database(postgres_url, PULL_GRANTS_DDL) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+async def pull_client(world: World, flows_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    """A DPS gateway reading that module's pull grants."""
+    settings = world.settings(
+        dps_enabled=True, dps_token_public_key=PUBLIC_PEM, dps_flows_database_url=flows_url
+    )
+    async with running_gateway(settings) as client:
+        yield client

@@ -14,8 +14,11 @@ from typing import Any
 
 import asyncpg
 import httpx
+import jwt
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from prometheus_client.parser import text_string_to_metric_families
 
 from dataplane_contracts.events import PlanRequest, PlanResolved
@@ -97,6 +100,20 @@ def ds_policy(datasets: list[dict[str, Any]], consents: dict[str, Any] | None = 
         "agreements": {AGREEMENT: {"consumer": CONSUMER, "datasets": datasets}},
         "consents": consents or {},
     }
+
+
+# signaling's token key as the DPS pull tests sign with it, and its public half for the gateway
+KEY = ec.generate_private_key(ec.SECP256R1())
+PUBLIC_PEM = (
+    KEY.public_key()
+    .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    .decode()
+)
+
+
+def pull_token(jti: str, aud: str = CONSUMER, iss: str = PROVIDER, key: Any = KEY) -> str:
+    claims = {"jti": jti, "iss": iss, "sub": iss, "aud": aud, "iat": int(time.time())}
+    return jwt.encode(claims, key, algorithm="ES256")
 
 
 # the pull-grant view in the shape signaling publishes it

@@ -19,7 +19,6 @@ import httpx
 import pytest
 from gateway_support import (
     AGREEMENT,
-    PULL_GRANTS_DDL,
     FakeResolver,
     TopicTail,
     World,
@@ -27,9 +26,8 @@ from gateway_support import (
     metric,
     running_gateway,
     scrape,
-    scratch_database,
 )
-from test_dps_pull import PUBLIC_PEM, grant, pull_token  # the DPS-09 tests' pull grant and token
+from test_dps_pull import grant, pull_token  # the DPS-09 tests' pull grant and token
 
 from dataplane_local.doubles.ds_connector import DsConnectorDouble
 from query_gateway.sql import DEFAULT_LIMIT, MAX_LIMIT
@@ -72,22 +70,6 @@ async def pull_headers(flows_url: str) -> dict[str, str]:
 
 async def none_disclosed(disclosures: TopicTail) -> bool:
     return not [r for r in await disclosures.quiet() if TRANSFER in r.value.decode()]
-
-
-@pytest.fixture(scope="module")
-async def flows_url(postgres_url: str) -> AsyncIterator[str]:
-    """A flows database holding the pull-grant view in the shape signaling publishes."""
-    async with scratch_database(postgres_url, PULL_GRANTS_DDL) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-async def pull_client(world: World, flows_url: str) -> AsyncIterator[httpx.AsyncClient]:
-    settings = world.settings(
-        dps_enabled=True, dps_token_public_key=PUBLIC_PEM, dps_flows_database_url=flows_url
-    )
-    async with running_gateway(settings) as client:
-        yield client
 
 
 @pytest.fixture

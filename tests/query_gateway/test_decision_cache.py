@@ -24,14 +24,12 @@ from gateway_support import (
     AGREEMENT,
     CONSUMER,
     PROVIDER,
-    PULL_GRANTS_DDL,
     TopicTail,
     World,
     ds_policy,
     metric,
     running_gateway,
     scrape,
-    scratch_database,
 )
 from prometheus_client import REGISTRY
 from pydantic import ValidationError
@@ -263,13 +261,6 @@ def cached_policy(ttl: int | None, datasets: list[Any] | None = None) -> dict[st
         policy["agreements"][AGREEMENT]["cache"] = {"ttl_seconds": ttl}
     policy["agreements"][OTHER_AGREEMENT] = dict(policy["agreements"][AGREEMENT])
     return policy
-
-
-@pytest.fixture(scope="module")
-async def flows_url(postgres_url: str) -> AsyncIterator[str]:
-    """A flows database holding the pull-grant view in the shape signaling publishes."""
-    async with scratch_database(postgres_url, PULL_GRANTS_DDL) as url:
-        yield url
 
 
 @pytest.fixture(scope="module")

@@ -6,58 +6,23 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
 import httpx
-import jwt
 import pytest
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from gateway_support import (
     AGREEMENT,
     CONSUMER,
     PROVIDER,
-    PULL_GRANTS_DDL,
     TopicTail,
-    World,
     ds_policy,
-    running_gateway,
-    scratch_database,
+    pull_token,
 )
 
 from dataplane_local.doubles.ds_connector import DsConnectorDouble
-
-KEY = ec.generate_private_key(ec.SECP256R1())
-PUBLIC_PEM = (
-    KEY.public_key()
-    .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-    .decode()
-)
-
-
-def pull_token(jti: str, aud: str = CONSUMER, iss: str = PROVIDER, key: Any = KEY) -> str:
-    claims = {"jti": jti, "iss": iss, "sub": iss, "aud": aud, "iat": int(time.time())}
-    return jwt.encode(claims, key, algorithm="ES256")
-
-
-@pytest.fixture(scope="module")
-async def flows_url(postgres_url: str) -> AsyncIterator[str]:
-    """A flows database holding the pull-grant view in the shape signaling publishes."""
-    async with scratch_database(postgres_url, PULL_GRANTS_DDL) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-async def pull_client(world: World, flows_url: str) -> AsyncIterator[httpx.AsyncClient]:
-    settings = world.settings(
-        dps_enabled=True, dps_token_public_key=PUBLIC_PEM, dps_flows_database_url=flows_url
-    )
-    async with running_gateway(settings) as client:
-        yield client
 
 
 async def grant(flows_url: str, state: str = "STARTED", **over: str) -> str:

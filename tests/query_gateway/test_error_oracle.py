@@ -40,7 +40,7 @@ from gateway_support import (
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from test_dps_pull import PUBLIC_PEM, pull_token
+from gateway_support import PUBLIC_PEM, pull_token
 
 from dataplane_local.doubles.ds_connector import DsConnectorDouble
 
