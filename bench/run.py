@@ -83,7 +83,7 @@ def _header(quick: bool, took: float, load: str, loadgen: str, seconds: float, m
     )
 
 
-SECTIONS = ("edr", "normal", "lookup", "revocation", "audit")
+SECTIONS = ("idle", "edr", "normal", "lookup", "revocation", "audit")
 
 
 async def main_async(
@@ -100,6 +100,8 @@ async def main_async(
             print("wrk is not installed (Debian package `wrk`): falling back to the Python load generator")
         print(f"load generator: {h.gen.name}")
         print(f"\n{'section':<36} {'measure':<44} {'value':>14}  note")
+        if "idle" in only:  # first: nothing has run yet, no backlog of an earlier section
+            await sections.idle_stack(bench, report, sizes)
         if "edr" in only:
             await sections.edr_and_pull(bench, report, sizes, h)
         if "normal" in only:

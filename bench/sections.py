@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -14,7 +15,8 @@ from typing import Any
 import asyncpg
 import httpx
 from aiokafka import AIOKafkaProducer
-from common import Report, Stats, UnexpectedAnswer, ms
+from common import Report, Stats, Table, UnexpectedAnswer, ms
+from cpu import tree_seconds
 from harness import Harness
 from loadgen import Run, Target
 from system import AGREEMENT, DS_DECISION_TTL, INDEX, METERS, TABLE, Bench, bench_pods, owner
@@ -23,6 +25,7 @@ from dataplane_contracts.catalogue import load_catalogue
 from dataplane_contracts.events import DisclosureRecorded
 from dataplane_contracts.plans import Plan
 from dataplane_contracts.topics import AUDIT_DISCLOSURES
+from dataplane_local import infra
 from dataplane_local.demo import (
     DEMO_AGREEMENT,
     DEMO_CONSUMER,
@@ -33,6 +36,7 @@ from dataplane_local.demo import (
     start_pull_flow,
 )
 from dataplane_local.doubles.ds_connector import DsConnectorDouble
+from dataplane_local.procs import record_alive
 from query_gateway.sql import load_column_types, narrow_query, validate_query
 from query_gateway.sql.pagination import page_and_count
 
@@ -291,13 +295,73 @@ async def normal_path(bench: Bench, report: Report, sizes: Sizes, h: Harness) ->
         await pool.close()
 
 
+GATEWAY_HOPS = "query_gateway_plan_miss_hop_seconds"
+RESOLVER_HOPS = "filter_resolver_hop_seconds"
+# a miss's hops in the order they happen: (where, hop, what it is)
+MISS_PATH = (
+    ("gw", "claim", "gateway: claim check into Redis"),
+    ("gw", "request", "gateway: PlanRequest published (acks=all)"),
+    ("res", "fetch", "resolver: request produced → fetched"),
+    ("res", "claim", "resolver: claim check taken (GETDEL)"),
+    ("res", "resolve", "resolver: rec_registry handler (HTTP)"),
+    ("res", "store", "resolver: plan into Redis"),
+    ("res", "reply", "resolver: reply published (acks=all)"),
+    ("gw", "reply_fetch", "gateway: reply produced → fetched"),
+    ("gw", "plan_read", "gateway: plan out of Redis"),
+)
+_SAMPLE = re.compile(r"^(\w+?)_(sum|count|bucket)\{([^}]*)\} (\S+)$")
+
+
+@dataclass
+class Hop:
+    total: float = 0.0
+    count: float = 0.0
+    buckets: dict[float, float] | None = None
+
+    def p(self, q: float) -> float:
+        """The bucket bound the q-quantile falls under (a histogram gives no finer figure)."""
+        for le, n in sorted((self.buckets or {}).items()):
+            if n >= q * self.count:
+                return le
+        return float("nan")
+
+
+async def _hops(bench: Bench, url: str, name: str) -> dict[str, Hop]:
+    """A hop histogram at `url`/metrics: hop → sum, count, cumulative buckets."""
+    text = (await bench.http.get(f"{url}/metrics")).text
+    hops: dict[str, Hop] = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m is None or m.group(1) != name:
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(3)))
+        hop = hops.setdefault(labels.get("hop", ""), Hop(buckets={}))
+        value = float(m.group(4))
+        if m.group(2) == "sum":
+            hop.total = value
+        elif m.group(2) == "count":
+            hop.count = value
+        elif hop.buckets is not None:
+            hop.buckets[float(labels["le"])] = value
+    return hops
+
+
+def _delta(after: dict[str, Hop], before: dict[str, Hop]) -> dict[str, Hop]:
+    out = {}
+    for name, a in after.items():
+        b = before.get(name, Hop(buckets={}))
+        buckets = {le: n - (b.buckets or {}).get(le, 0.0) for le, n in (a.buckets or {}).items()}
+        out[name] = Hop(a.total - b.total, a.count - b.count, buckets)
+    return out
+
+
 async def lookup_miss(bench: Bench, report: Report, sizes: Sizes) -> None:
     """(3) a plan-cache miss of the lookup handler `rec_registry`, through Kafka and the resolver:
     each caller is new, so each first query needs a plan; the second is the warm floor."""
     gw = bench.gateways[0]
     run = uuid.uuid4().hex[:6]
     users = []
-    for i in range(sizes.misses):
+    for i in range(sizes.misses + 1):  # the first is the cold one, reported apart
         name = f"bench-{run}-{i}"
         asset = {"key": f"m-{i}", "asset_type": "meter", "name": "meter", "sensor_id": "IT001E00000001"}
         r = await bench.http.post(
@@ -308,17 +372,31 @@ async def lookup_miss(bench: Bench, report: Report, sizes: Sizes) -> None:
         users.append(await bench.user_token(f"u-{name}", name))
     body = {"sql": f"SELECT pod, count(*) AS n FROM {METERS} GROUP BY pod", "skip_count": True}
     resolver = bench.info.service_urls("filter-resolver")[0]
+
+    async def query(token: str) -> float:
+        t0 = time.perf_counter()
+        r = _expect(
+            await bench.http.post(f"{gw}/query", json=body, headers={"Authorization": f"Bearer {token}"})
+        )
+        took = time.perf_counter() - t0
+        if [i["pod"] for i in r.json()["items"]] != ["IT001E00000001"]:
+            raise UnexpectedAnswer(f"rec_registry plan served {r.json()['items']}")
+        return took
+
+    # the first plan the resolver makes after start-up pays one-time costs (the registry
+    # client's first use, the doubles' first key fetch) and the resolver's idle fetch wait
+    cold = await query(users.pop(0))
     before = await bench.metric(resolver, "filter_resolver_resolutions_total")
+    gw_before, res_before = await _hops(bench, gw, GATEWAY_HOPS), await _hops(bench, resolver, RESOLVER_HOPS)
     miss, hit = Stats(), Stats()
     for token in users:
-        headers = {"Authorization": f"Bearer {token}"}
         for stats in (miss, hit):
-            t0 = time.perf_counter()
-            r = _expect(await bench.http.post(f"{gw}/query", json=body, headers=headers))
-            stats.latencies.append(time.perf_counter() - t0)
-            if [i["pod"] for i in r.json()["items"]] != ["IT001E00000001"]:
-                raise UnexpectedAnswer(f"rec_registry plan served {r.json()['items']}")
+            stats.latencies.append(await query(token))
     resolved = await bench.metric(resolver, "filter_resolver_resolutions_total") - before
+    hops = {
+        "gw": _delta(await _hops(bench, gw, GATEWAY_HOPS), gw_before),
+        "res": _delta(await _hops(bench, resolver, RESOLVER_HOPS), res_before),
+    }
     report.check(
         "every miss was resolved by the resolver, every repeat was not",
         resolved == len(users),
@@ -328,6 +406,81 @@ async def lookup_miss(bench: Bench, report: Report, sizes: Sizes) -> None:
     report.add(s, "miss p50 / p99 ms", f"{ms(miss.p50)} / {ms(miss.p99)}", f"n={miss.n}, sequential")
     report.add(s, "hit (same caller again) p50 / p99 ms", f"{ms(hit.p50)} / {ms(hit.p99)}")
     report.add(s, "miss − hit p50 ms", ms(miss.p50 - hit.p50), "Kafka + resolver + registry + Redis")
+    report.add(s, "first miss after start-up ms", ms(cold), "cold, not in the percentiles above")
+    rows, path = [], 0.0
+    for where, name, what in MISS_PATH:
+        hop = hops[where].get(name, Hop())
+        mean = hop.total / hop.count if hop.count else float("nan")
+        path += mean if hop.count else 0.0
+        rows.append([what, f"{hop.count:.0f}", ms(mean), f"≤ {ms(hop.p(0.5))}", f"≤ {ms(hop.p(0.99))}"])
+    rows.append(["sum of the hops' means", "", ms(path), "", ""])
+    rows.append(["miss − hit, means", "", ms(miss.mean - hit.mean), "", ""])
+    for where, name, what in (
+        ("gw", "reply", "gateway: request published → reply read (the hops between)"),
+        ("res", "commit", "resolver: offsets committed (after the reply, off the path)"),
+    ):
+        hop = hops[where].get(name, Hop())
+        mean = hop.total / hop.count if hop.count else float("nan")
+        rows.append([what, f"{hop.count:.0f}", ms(mean), f"≤ {ms(hop.p(0.5))}", f"≤ {ms(hop.p(0.99))}"])
+    report.table(
+        Table(
+            "3 a miss hop by hop (gw-1 and the resolver's hop histograms over the misses)",
+            ["hop", "n", "mean ms", "p50 bucket", "p99 bucket"],
+            rows,
+            "fetch hops from the record's CreateTime (ms clock: up to 1 ms high); the rest of "
+            "miss − hit is the gateway's own work around the request",
+        )
+    )
+
+
+IDLE_SECONDS = 30.0  # issue 12's window, in --quick runs too: a shorter one hides slow timers
+IDLE_BUDGET_MS_PER_S = 100.0  # issue 12: the idle stack costs at most 10 % of one core
+
+
+async def _cpu_rates(pids: Mapping[str, int], seconds: float) -> dict[str, float]:
+    """CPU ms per second of each process (with its descendants) over `seconds` of doing nothing."""
+    before = tree_seconds(pids.values())
+    t0 = time.perf_counter()
+    await asyncio.sleep(seconds)
+    after = tree_seconds(pids.values())
+    took = time.perf_counter() - t0
+    return {name: 1000 * (after[pid] - before[pid]) / took for name, pid in pids.items()}
+
+
+async def idle_stack(bench: Bench, report: Report, sizes: Sizes) -> None:
+    """(6) an idle stack: every process the stack recorded (services, broker, Valkey, doubles)
+    and the bench's PostgreSQL, sampled from /proc over 30 s with no request in flight; then a
+    broker of its own with no client at all, to tell the broker's own cost from its clients'."""
+    pids = {r.name: r.pid for r in bench.stack.records if record_alive(r)}
+    pids["postgres"] = bench.pg_pid
+    rates = await _cpu_rates(pids, IDLE_SECONDS)
+    total = sum(v for v in rates.values() if v == v)  # nan (a process gone) is left out
+    rows = [[name, f"{rate:.1f}", f"{rate / 10:.1f}"] for name, rate in sorted(rates.items())]
+    rows.append(["total", f"{total:.1f}", f"{total / 10:.1f}"])
+    report.table(
+        Table(
+            f"Idle stack: CPU per process over {IDLE_SECONDS:.0f}s, no traffic",
+            ["process", "CPU ms/s", "% of one core"],
+            rows,
+            "utime+stime from /proc, each process with its children (PostgreSQL: postmaster and backends)",
+        )
+    )
+    s = "6 idle stack (no traffic)"
+    report.add(
+        s, "whole stack: CPU ms per second", f"{total:.1f}", f"{len(rates)} processes, {IDLE_SECONDS:.0f}s"
+    )
+    report.check(
+        "the idle stack costs at most 10 % of one core (issue 12)",
+        total <= IDLE_BUDGET_MS_PER_S,
+        f"{total:.1f} ms/s",
+    )
+    broker = await asyncio.to_thread(infra.start_kafka, bench.root / "idle-tansu")
+    try:
+        await asyncio.sleep(1)  # past its start-up
+        alone = (await _cpu_rates({"kafka": broker.pid}, IDLE_SECONDS))["kafka"]
+    finally:
+        await asyncio.to_thread(broker.stop)
+    report.add(s, "a Tansu broker with no client: CPU ms per second", f"{alone:.1f}", "its own process")
 
 
 async def revocation(bench: Bench, report: Report, sizes: Sizes) -> None:

@@ -2,7 +2,10 @@
 
 Tiers, in order: `TEST_DATABASE_URL` / `TEST_REDIS_URL` / `TEST_KAFKA_BOOTSTRAP` when set; a
 testcontainers server when a Docker engine answers; otherwise the embedded servers of
-`dataplane_local.infra`, started once per test session on loopback."""
+`dataplane_local.infra`, started once per test session on loopback.
+
+`DATAPLANE_TEST_TIMEOUT_FACTOR` (dataplane_local.timeouts) scales every wall-clock limit of the
+helpers and fixtures, the servers' start-up and pytest-timeout's per-test limit."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from dataplane_local import infra
+from dataplane_local.timeouts import timeout_factor
 
 SERVICE_MODES: dict[str, str] = {}
 
@@ -35,6 +39,28 @@ def _docker_ok() -> bool:
             client.close()
     except Exception:
         return False
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """pytest-timeout's limit (ini or PYTEST_TIMEOUT) times the factor; `--timeout` given on the
+    command line is taken as it is."""
+    factor = timeout_factor()
+    if factor != 1 and config.getoption("timeout", None) is None:
+        base = os.environ.get("PYTEST_TIMEOUT") or config.getini("timeout")
+        if base:
+            config.option.timeout = float(base) * factor
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test's own `@pytest.mark.timeout(n)` is scaled by the factor too."""
+    factor = timeout_factor()
+    if factor == 1:
+        return
+    for item in items:
+        mark = item.get_closest_marker("timeout")
+        if mark is not None and mark.args:
+            item.add_marker(pytest.mark.timeout(float(mark.args[0]) * factor), append=False)
 
 
 @pytest.fixture(scope="session")

@@ -32,6 +32,7 @@ from dataplane_local.doubles.oidc import JWKS_PATH, OidcIssuer
 from dataplane_local.doubles.server import RunningServer, serve_in_thread
 from dataplane_local.infra import free_port
 from dataplane_local.procs import stop_process
+from dataplane_local.timeouts import scaled
 
 # murmur2 puts these two keys on different partitions of a 6-partition topic (tests assert it)
 PROVIDER_A = "did:web:provider-a.example"
@@ -148,7 +149,7 @@ class RelayProcess:
 
 
 async def wait_for(cond: Callable[[], Any], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while time.monotonic() < deadline:
         result = cond()
         if asyncio.iscoroutine(result):

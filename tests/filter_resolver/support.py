@@ -26,6 +26,7 @@ from dataplane_contracts.plans import (
     redis_plan_key,
 )
 from dataplane_contracts.topics import PLAN_REPLIES
+from dataplane_local.timeouts import scaled
 from filter_resolver.settings import Settings
 
 SECRET = "filter-resolver-test-secret-0123456789"
@@ -177,6 +178,7 @@ async def eventually(check: Any, timeout: float = 10.0, interval: float = 0.02) 
     """Poll an async predicate until it holds (an external system's state; no fixed sleeps)."""
     import asyncio
 
+    timeout = scaled(timeout)
     deadline = time.monotonic() + timeout
     for _ in range(int(timeout / interval) + 1):
         if await check():

@@ -108,7 +108,11 @@ def up_and_check(root: Path, env: dict[str, str] | None = None) -> dict[int, str
     result = cli(root, "up", "--infra-only", env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     stack_env = read_env(root)
-    assert stack_env["KAFKA_FETCH_MAX_WAIT_MS"] == "10" and stack_env["KAFKA_ENABLE_IDEMPOTENCE"] == "false"
+    assert stack_env["KAFKA_ENABLE_IDEMPOTENCE"] == "false"
+    # issue 12: fetch waits chosen per consumer for Tansu (short for request/reply, long otherwise)
+    waits = (stack_env["KAFKA_RPC_FETCH_MAX_WAIT_MS"], stack_env["KAFKA_BULK_FETCH_MAX_WAIT_MS"])
+    assert waits == ("2", "500")
+    assert stack_env["RESOLVER_IDLE_FETCH_MAX_WAIT_MS"] == "250"
     assert (root / "stack.env").read_text().count("DPS_TOKEN_SIGNING_KEY='-----BEGIN PRIVATE KEY") == 1
     asyncio.run(check_infra(stack_env))
     check_doubles(stack_env)

@@ -26,6 +26,7 @@ from dataplane_contracts.plans import ClaimCheck, Plan, redis_claim_key, redis_o
 from dataplane_contracts.topics import PLAN_REQUESTS
 from dataplane_local.doubles.ds_connector import DsConnectorDouble
 from dataplane_local.doubles.oidc import OidcIssuer
+from dataplane_local.timeouts import scaled
 from query_gateway.app import create_app
 from query_gateway.settings import GatewaySettings
 
@@ -197,7 +198,7 @@ class TopicTail:
         """The first `count` records that satisfy `predicate` (others on the topic are skipped)."""
         assert self._consumer is not None
         out: list[Any] = []
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(scaled(timeout)):
             while len(out) < count:
                 batches = await self._consumer.getmany(timeout_ms=200)
                 out.extend(r for r in self._fresh(batches) if predicate(r))

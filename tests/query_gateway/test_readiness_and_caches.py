@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 from aiokafka.errors import KafkaError
+from fault_support import TcpProxy
 from gateway_support import (
     AUDIENCE,
     CLIENT_ID,
@@ -75,7 +76,7 @@ async def test_with_no_broker_listening_the_gateway_never_becomes_ready(world: W
 LIST_OFFSETS = 2  # the Kafka API key a consumer uses to find a partition's end offset
 
 
-class HoldingProxy:
+class HoldingProxy(TcpProxy):
     """A TCP proxy in front of a broker that holds every ListOffsets request until released.
 
     The gateway's reply consumer positions its partition with ListOffsets (seek to the end); its
@@ -84,31 +85,14 @@ class HoldingProxy:
     int16 api key); everything else, and every response, passes through unchanged."""
 
     def __init__(self, upstream_port: int) -> None:
-        self.upstream_port = upstream_port
-        self.port = infra.free_port()
+        super().__init__(upstream_port)
         self.held = asyncio.Event()
         self.released = asyncio.Event()
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    async def __aenter__(self) -> HoldingProxy:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self._server.wait_closed()
 
     async def _accept(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         upstream_r, upstream_w = await asyncio.open_connection("127.0.0.1", self.upstream_port)
-        for pump in (self._requests(client_r, upstream_w), self._pipe(upstream_r, client_w)):
-            task = asyncio.create_task(pump)
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        self._spawn(self._requests(client_r, upstream_w))
+        self._spawn(self._pipe(upstream_r, client_w))
 
     async def _requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

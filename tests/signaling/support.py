@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 
 from dataplane_contracts.topics import FLOW_EVENTS
 from dataplane_local.procs import stop_process
+from dataplane_local.timeouts import scaled
 from signaling.app import create_app
 from signaling.settings import Settings
 
@@ -154,7 +155,7 @@ def run_migrate(database_url: str, *args: str, role: str | None = None) -> subpr
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=scaled(120),
         check=False,
     )
 
@@ -248,6 +249,7 @@ def launch(values: dict[str, Any], port: int, log_path: Path) -> SignalingProces
 
 async def wait_ready(p: SignalingProcess, timeout: float = 60.0) -> None:
     loop = asyncio.get_running_loop()
+    timeout = scaled(timeout)
     deadline = loop.time() + timeout
     async with httpx.AsyncClient() as c:
         while loop.time() < deadline:

@@ -30,7 +30,7 @@ from sqlgw_support import (
 
 from dataplane_service_kit.errors import ServiceError
 from query_gateway.sql import validate_query
-from query_gateway.sql.execute import jsonable
+from query_gateway.sql.rows import jsonable
 
 
 @pytest.fixture

@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dataplane_local.timeouts import scaled
+
 PG_USER = "embedded_postgres"
 
 
@@ -25,6 +27,7 @@ def free_port() -> int:
 
 
 def wait_port(port: int, timeout: float = 20.0, host: str = "127.0.0.1") -> None:
+    timeout = scaled(timeout)  # DATAPLANE_TEST_TIMEOUT_FACTOR: a loaded machine waits longer
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -147,7 +150,7 @@ def start_postgres(workdir: Path, port: int | None = None) -> ServerProcess:
         ),
         check=True,
         capture_output=True,
-        timeout=60,
+        timeout=scaled(60),
     )
     pid = int((data / "postmaster.pid").read_text().splitlines()[0])
     stop = _as_pg_user([str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"])

@@ -305,7 +305,18 @@ class Stack:
         oidc = urls["oidc"]
         env = {
             "KAFKA_BOOTSTRAP_SERVERS": urls["kafka"],
-            "KAFKA_FETCH_MAX_WAIT_MS": "10",
+            # Tansu sleeps out each fetch's whole wait and costs CPU per fetch, so each consumer's
+            # wait is chosen for its job (reference/local-infrastructure.md; issue 12): the
+            # request/reply readers short while requests are in flight (the gateways pause
+            # their reply partition when nothing is pending), the resolver long once idle (the
+            # first request after a quiet spell waits up to that long), the relay long
+            "KAFKA_FETCH_MAX_WAIT_MS": "500",
+            "KAFKA_RPC_FETCH_MAX_WAIT_MS": "2",
+            "RESOLVER_IDLE_FETCH_MAX_WAIT_MS": "250",
+            "KAFKA_BULK_FETCH_MAX_WAIT_MS": "500",
+            # signaling wakes its outbox relay after each commit of its own; the poll only picks
+            # up what a failed publish left behind, so it need not run twice a second here
+            "OUTBOX_POLL_INTERVAL_MS": "2000",
             "KAFKA_ENABLE_IDEMPOTENCE": "false",
             "REDIS_URL": urls["redis"],
             "DATASETS_DATABASE_URL": provision.with_database(

@@ -18,19 +18,46 @@ class HttpSettings(BaseSettings):
     http_host: str = "0.0.0.0"
     http_port: int = Field(default=8000, ge=1, le=65535)
     log_level: str = "INFO"
+    # how long the server keeps an idle keep-alive connection (dataplane_service_kit.serve): above
+    # the keep-alive expiry of whatever calls the service (an ingress included), so the client,
+    # never the server, closes an idle connection
+    http_keep_alive_timeout_seconds: float = Field(default=75.0, ge=1, le=3600)
 
 
 class KafkaSettings(BaseSettings):
     model_config = BASE_CONFIG
     kafka_bootstrap_servers: str = Field(min_length=1)
-    # 500 / true suit a production cluster; the local Tansu broker needs 10 / false
+    # 500 / true suit a production cluster, whose long poll answers as soon as data arrives, so a
+    # long wait costs no latency there. A broker that sleeps out the whole wait (the local Tansu)
+    # needs each consumer's wait chosen for its job: the two below override this default.
     kafka_fetch_max_wait_ms: int = Field(default=500, ge=0, le=60_000)
+    # request/reply readers (the resolver's plan requests, a gateway's plan replies) while
+    # requests are in flight; unset: kafka_fetch_max_wait_ms
+    kafka_rpc_fetch_max_wait_ms: int | None = Field(default=None, ge=0, le=60_000)
+    # latency-tolerant consumers (the audit relay): on a sleeping broker a long wait is what keeps
+    # an idle consumer cheap; unset: kafka_fetch_max_wait_ms
+    kafka_bulk_fetch_max_wait_ms: int | None = Field(default=None, ge=0, le=60_000)
     kafka_enable_idempotence: bool = True
+
+    def rpc_fetch_max_wait_ms(self) -> int:
+        return (
+            self.kafka_fetch_max_wait_ms
+            if self.kafka_rpc_fetch_max_wait_ms is None
+            else self.kafka_rpc_fetch_max_wait_ms
+        )
+
+    def bulk_fetch_max_wait_ms(self) -> int:
+        bulk = self.kafka_bulk_fetch_max_wait_ms
+        return self.kafka_fetch_max_wait_ms if bulk is None else bulk
 
 
 class RedisSettings(BaseSettings):
     model_config = BASE_CONFIG
     redis_url: str = Field(min_length=1)
+    # explicit bounds rather than the client library's defaults: a stopped Redis answers a
+    # request's cache read within these, as a coded refusal, instead of holding it
+    redis_connect_timeout_seconds: float = Field(default=1.0, gt=0, le=60)
+    redis_socket_timeout_seconds: float = Field(default=2.0, gt=0, le=60)
 
 
 class PlanCacheSettings(BaseSettings):

@@ -1,7 +1,13 @@
 """/healthz, /readyz and /metrics, the same on every service.
 
 Readiness runs each named check; the 503 body names the dependencies that failed, never their
-URLs (which may carry credentials)."""
+URLs (which may carry credentials).
+
+Two kinds of dependency: a *required* one (`checks`) without which the replica can serve nothing
+useful, so /readyz fails and the replica leaves the Service; and a *capability* (`capabilities`)
+whose loss only refuses some requests (each with its own code): the replica stays ready, and
+/readyz names the lost capability under `degraded`. Both kinds are exported as the gauge
+`readiness_dependency_up{dependency, required}`, so a degraded replica is seen, not only felt."""
 
 from __future__ import annotations
 
@@ -10,9 +16,26 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Gauge, generate_latest
 
 ReadinessCheck = Callable[[], Awaitable[bool]]
+Checks = Callable[[], Mapping[str, ReadinessCheck]]
+
+# one gauge per registry: several apps (tests, or one process serving two) may share a registry
+_GAUGES: dict[int, Gauge] = {}
+
+
+def dependency_gauge(registry: CollectorRegistry = REGISTRY) -> Gauge:
+    gauge = _GAUGES.get(id(registry))
+    if gauge is None:
+        gauge = Gauge(
+            "readiness_dependency_up",
+            "1 when the dependency answered the last readiness probe; required=false: a capability",
+            ["dependency", "required"],
+            registry=registry,
+        )
+        _GAUGES[id(registry)] = gauge
+    return gauge
 
 
 async def _run(check: ReadinessCheck, timeout: float) -> bool:
@@ -22,13 +45,20 @@ async def _run(check: ReadinessCheck, timeout: float) -> bool:
         return False
 
 
+def _no_capabilities() -> Mapping[str, ReadinessCheck]:
+    return {}
+
+
 def health_router(
-    checks: Callable[[], Mapping[str, ReadinessCheck]],
+    checks: Checks,
     registry: CollectorRegistry = REGISTRY,
     timeout: float = 2.0,
+    capabilities: Checks = _no_capabilities,
 ) -> APIRouter:
-    """Build the router; `checks` is called per request so lifespan-created clients are seen."""
+    """Build the router; `checks` and `capabilities` are called per request so lifespan-created
+    clients are seen. A name in both counts as required."""
     router = APIRouter()
+    gauge = dependency_gauge(registry)
 
     @router.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:
@@ -36,14 +66,26 @@ def health_router(
 
     @router.get("/readyz", include_in_schema=False)
     async def readyz() -> JSONResponse:
-        named = dict(checks())
-        results = await asyncio.gather(*(_run(c, timeout) for c in named.values()))
-        failing = sorted(name for name, ok in zip(named, results, strict=True) if not ok)
+        required = dict(checks())
+        optional = {k: v for k, v in capabilities().items() if k not in required}
+        named = {**required, **optional}
+        results = dict(
+            zip(named, await asyncio.gather(*(_run(c, timeout) for c in named.values())), strict=True)
+        )
+        for name, up in results.items():
+            gauge.labels(dependency=name, required=str(name in required).lower()).set(1 if up else 0)
+        failing = sorted(name for name in required if not results[name])
+        degraded = sorted(name for name in optional if not results[name])
+        body: dict[str, object]
         if failing:
-            return JSONResponse(
-                {"status": "unready", "error": "not_ready", "failing": failing}, status_code=503
-            )
-        return JSONResponse({"status": "ready"})
+            body = {"status": "unready", "error": "not_ready", "failing": failing}
+            if degraded:
+                body["degraded"] = degraded
+            return JSONResponse(body, status_code=503)
+        body = {"status": "ready"}
+        if degraded:  # absent when whole: a ready replica's body is unchanged
+            body["degraded"] = degraded
+        return JSONResponse(body)
 
     @router.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:

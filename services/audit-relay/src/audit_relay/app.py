@@ -31,7 +31,7 @@ def _consumer(settings: Settings) -> AIOKafkaConsumer:
         group_id=settings.audit_relay_group_id,
         enable_auto_commit=False,  # committed by the relay, only after ds or the DLQ has the record
         auto_offset_reset="earliest",  # a new group must not skip disclosures already published
-        fetch_max_wait_ms=settings.kafka_fetch_max_wait_ms,
+        fetch_max_wait_ms=settings.bulk_fetch_max_wait_ms(),  # latency-tolerant: a long wait
         session_timeout_ms=session_ms,
         heartbeat_interval_ms=max(100, session_ms // 3),
     )

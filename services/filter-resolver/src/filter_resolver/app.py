@@ -14,9 +14,13 @@ import asyncpg
 import httpx
 import redis.asyncio as aioredis
 from fastapi import FastAPI
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from dataplane_service_kit.health import ReadinessCheck, health_router
 from dataplane_service_kit.logs import get_logger
+from dataplane_service_kit.readiness import BrokerMetadata, CachedProbe
 from dataplane_service_kit.telemetry import FASTAPI_TELEMETRY
 from filter_resolver.consumer import PlanRequestConsumer
 from filter_resolver.handlers.http_in_list import HttpInListHandler
@@ -31,6 +35,10 @@ from filter_resolver.tokens import ClientCredentials
 
 log = get_logger(__name__)
 
+# below the registry's idle timeout (uvicorn's default is 5 s): the resolver drops an idle
+# connection before the server closes it, so a lookup is not sent on a connection being closed
+REGISTRY_KEEPALIVE_EXPIRY_S = 4.0
+
 
 @dataclass
 class Runtime:
@@ -41,11 +49,17 @@ class Runtime:
     pool: DatasetsPool
     registry: HandlerRegistry
     resolver: Resolver
+    broker: BrokerMetadata
     consumer: PlanRequestConsumer | None = None
+
+    def __post_init__(self) -> None:
+        # the broker itself is asked (metadata, answer kept 1.5 s): holding partitions says
+        # nothing about a broker that stopped answering since
+        self._broker_up = CachedProbe(self.broker.fetch, name="kafka")
 
     def checks(self) -> Mapping[str, ReadinessCheck]:
         async def kafka() -> bool:
-            return self.consumer is not None and self.consumer.ready()
+            return self.consumer is not None and self.consumer.ready() and await self._broker_up()
 
         async def redis() -> bool:
             return bool(await self.redis.ping())
@@ -55,6 +69,8 @@ class Runtime:
     async def aclose(self) -> None:
         if self.consumer is not None:
             await self.consumer.stop()
+        await self._broker_up.aclose()
+        await self.broker.close()
         await self.http.aclose()
         await self.pool.close()
         await self.redis.aclose()
@@ -96,8 +112,16 @@ def load_plugins(settings: Settings) -> list[PluginHandler]:
 
 def open_runtime(settings: Settings, metrics: Metrics, plugins: list[PluginHandler]) -> Runtime:
     """Build the clients, the handler registry and the resolver (no Kafka yet)."""
-    redis = aioredis.from_url(settings.redis_url)
-    http = httpx.AsyncClient(follow_redirects=False)
+    redis = aioredis.from_url(
+        settings.redis_url,
+        socket_connect_timeout=settings.redis_connect_timeout_seconds,
+        socket_timeout=settings.redis_socket_timeout_seconds,
+        # a dropped connection is tried once more; a timeout is not (its bound is the bound)
+        retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+    )
+    http = httpx.AsyncClient(
+        follow_redirects=False, limits=httpx.Limits(keepalive_expiry=REGISTRY_KEEPALIVE_EXPIRY_S)
+    )
     db_url = settings.datasets_database_url
     pool = DatasetsPool(db_url.get_secret_value() if db_url else None)
     secret = settings.celine_oidc_client_secret
@@ -124,7 +148,14 @@ def open_runtime(settings: Settings, metrics: Metrics, plugins: list[PluginHandl
         retry_base_ms=settings.resolver_retry_base_ms,
         metrics=metrics,
     )
-    return Runtime(redis=redis, http=http, pool=pool, registry=registry, resolver=resolver)
+    return Runtime(
+        redis=redis,
+        http=http,
+        pool=pool,
+        registry=registry,
+        resolver=resolver,
+        broker=BrokerMetadata(settings.kafka_bootstrap_servers),
+    )
 
 
 def create_app(settings: Settings, metrics: Metrics | None = None) -> FastAPI:

@@ -15,20 +15,28 @@ aiokafka with auto-commit off, rather than a FastStream subscriber's `ack_policy
 
 So: per partition the offset advances to the first request whose reply could not be published;
 the consumer seeks back to it, waits a short, growing pause (a broker refusing the reply must
-not turn into a busy loop), and reads it again. At least once: the claim check was taken by the
-first reading, so the second is answered from the plan it cached (resolver.py); the gateway keeps
-only the first reply per correlation id."""
+not turn into a busy loop), and reads it again. The commit itself runs beside the next fetch
+(commits one after another, in order): the replies are out by then, and a commit awaited before
+the next fetch would only delay the requests that came meanwhile.
+
+At least once: the claim check was taken by the first reading, so the second is answered from
+the plan it cached (resolver.py); the gateway keeps only the first reply per correlation id.
+
+The fetch wait: KAFKA_RPC_FETCH_MAX_WAIT_MS while requests come, RESOLVER_IDLE_FETCH_MAX_WAIT_MS
+once none has come for RESOLVER_IDLE_AFTER_MS (a broker that sleeps out each wait costs CPU per
+fetch, so an idle consumer should fetch seldom), back as soon as one arrives."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
+import time
 from typing import Any, cast
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
-from aiokafka.errors import KafkaError
 from opentelemetry import trace
 from opentelemetry.context import Context
 from pydantic import ValidationError
@@ -49,6 +57,20 @@ HEX64 = re.compile(r"^[0-9a-f]{64}$")
 RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
 # before reading again a request whose reply could not be published
 REPLY_BACKOFF_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
+
+
+def set_fetch_wait(consumer: AIOKafkaConsumer, wait_ms: int) -> bool:
+    """Change a started consumer's fetch wait; False when this aiokafka does not allow it.
+
+    aiokafka has no public setter, but its fetcher reads `_fetch_max_wait_ms` afresh for each
+    FetchRequest it builds (aiokafka 0.14, `Fetcher._get_actions_per_node`), so the next fetch
+    uses the new wait. When the attribute is not there the wait simply stays as configured:
+    slower or costlier when idle, never wrong (tests/filter_resolver pins that it is there)."""
+    fetcher = getattr(consumer, "_fetcher", None)
+    if fetcher is None or not isinstance(getattr(fetcher, "_fetch_max_wait_ms", None), int):
+        return False
+    fetcher._fetch_max_wait_ms = wait_ms
+    return True
 
 
 class _Assignments(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -74,7 +96,10 @@ class PlanRequestConsumer:
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self._task: asyncio.Task[None] | None = None
+        self._committing: asyncio.Task[None] | None = None
+        self._metrics = metrics
         self._stopping = False
+        self.fetch_wait_ms = settings.rpc_fetch_max_wait_ms()  # the wait in force (tests read it)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -105,16 +130,23 @@ class PlanRequestConsumer:
             group_id=s.resolver_group_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",  # a new group must not skip a request sent as it joins
-            fetch_max_wait_ms=s.kafka_fetch_max_wait_ms,
+            fetch_max_wait_ms=s.rpc_fetch_max_wait_ms(),
             max_poll_records=s.resolver_max_batch,
         )
         self._consumer.subscribe([s.plan_requests_topic], listener=self._assignments)
         await self._consumer.start()
+        self.fetch_wait_ms = s.rpc_fetch_max_wait_ms()
 
     async def _close(self) -> None:
         consumer, producer = self._consumer, self._producer
         self._consumer = self._producer = None
         self._assignments.partitions.clear()
+        committing, self._committing = self._committing, None
+        if committing is not None:
+            # the last offsets still go in before the consumer leaves; a broker that is gone
+            # must not hold the close (the requests are read again: at least once)
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(committing), 5)
         for client in (consumer, producer):
             if client is not None:
                 try:
@@ -139,24 +171,45 @@ class PlanRequestConsumer:
                 await asyncio.sleep(delay)
 
     # -- consumption ------------------------------------------------------------------------------
+    def _set_wait(self, consumer: AIOKafkaConsumer, wait_ms: int) -> None:
+        if wait_ms != self.fetch_wait_ms and set_fetch_wait(consumer, wait_ms):
+            self.fetch_wait_ms = wait_ms
+
     async def _consume(self) -> None:
         consumer = self._consumer
         assert consumer is not None
+        s = self._settings
+        busy_ms = s.rpc_fetch_max_wait_ms()
+        idle_ms = s.resolver_idle_fetch_max_wait_ms
+        idle_after = s.resolver_idle_after_ms / 1000
+        last_request = time.monotonic()
         unpublished = 0  # batches in a row with a reply left unpublished
         while True:
-            batch = await consumer.getmany(timeout_ms=1000, max_records=self._settings.resolver_max_batch)
+            batch = await consumer.getmany(timeout_ms=1000, max_records=s.resolver_max_batch)
             if not batch:
+                if idle_ms is not None and time.monotonic() - last_request >= idle_after:
+                    self._set_wait(consumer, idle_ms)
                 continue
+            self._set_wait(consumer, busy_ms)  # requests are coming: answer the next ones soon
+            last_request = time.monotonic()
             records = [(tp, rec) for tp, recs in batch.items() for rec in recs]
+            self._observe_fetch(records)
             published = await asyncio.gather(*(self._handle(rec) for _, rec in records))
-            await self._commit(consumer, records, published)
+            self._commit(consumer, records, published)
             if all(published):
                 unpublished = 0
                 continue
             await asyncio.sleep(REPLY_BACKOFF_S[min(unpublished, len(REPLY_BACKOFF_S) - 1)])
             unpublished += 1
 
-    async def _commit(
+    def _observe_fetch(self, records: list[tuple[TopicPartition, ConsumerRecord]]) -> None:
+        """From the request's produce time (the producer's clock, ms) to this consumer's hands."""
+        now_ms = time.time() * 1000
+        for _, rec in records:
+            if rec.timestamp_type == 0 and rec.timestamp > 0:  # CreateTime
+                self._metrics.hops.labels("fetch").observe(max(0.0, now_ms - rec.timestamp) / 1000)
+
+    def _commit(
         self,
         consumer: AIOKafkaConsumer,
         records: list[tuple[TopicPartition, ConsumerRecord]],
@@ -173,12 +226,27 @@ class PlanRequestConsumer:
                 blocked.add(tp)
                 consumer.seek(tp, rec.offset)  # read it again: its reply is still owed
         if offsets:
-            try:
-                await consumer.commit(offsets)
-            except KafkaError as exc:
-                # a rebalance took the partitions: their new holder reads these again (at least
-                # once), which a consumer restart here would only make slower
-                log.warning("offset_commit_failed", error=type(exc).__name__)
+            self._committing = asyncio.create_task(
+                self._commit_after(self._committing, consumer, offsets), name="plan-request-commit"
+            )
+
+    async def _commit_after(
+        self,
+        previous: asyncio.Task[None] | None,
+        consumer: AIOKafkaConsumer,
+        offsets: dict[TopicPartition, int],
+    ) -> None:
+        if previous is not None:
+            await asyncio.gather(previous, return_exceptions=True)  # in order: never an older one last
+        started = time.perf_counter()
+        try:
+            await consumer.commit(offsets)
+        except Exception as exc:  # a task of its own: nothing may escape it unseen
+            # a rebalance took the partitions: their new holder reads these again (at least
+            # once), which a consumer restart here would only make slower
+            log.warning("offset_commit_failed", error=type(exc).__name__)
+        finally:
+            self._metrics.hops.labels("commit").observe(time.perf_counter() - started)
 
     async def _handle(self, record: ConsumerRecord) -> bool:
         """Resolve one record and publish its reply; False when the reply could not be published."""
@@ -256,6 +324,7 @@ class PlanRequestConsumer:
             ("correlation_id", reply.correlation_id.encode()),
             ("content-type", b"application/json"),
         ]
+        started = time.perf_counter()
         try:
             if partition is not None and partition not in (await producer.partitions_for(topic) or set()):
                 # no reader can be waiting there: nothing will ever be published, so skip it
@@ -271,4 +340,5 @@ class PlanRequestConsumer:
         except Exception as exc:
             log.error("plan_reply_failed", error=type(exc).__name__)
             return False
+        self._metrics.hops.labels("reply").observe(time.perf_counter() - started)
         return True

@@ -41,6 +41,16 @@ class Metrics:
             "Requests answered by a resolution already in flight for the same cache key",
             registry=self.registry,
         )
+        # where a request's time goes, hop by hop (issue 12): the labels are hop names only
+        self.hops = Histogram(
+            "filter_resolver_hop_seconds",
+            "Time of each hop of a plan request: fetch (produced → handed to the resolver), claim "
+            "(take the claim check), resolve (the handler), store (the plan into Redis), reply "
+            "(publish the reply), commit (the offsets, after the replies)",
+            ["hop"],
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+            registry=self.registry,
+        )
         self.assigned_partitions = Gauge(
             "filter_resolver_assigned_partitions",
             "Partitions of the plan-request topic this member holds",

@@ -13,8 +13,9 @@ import asyncio
 import hmac
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from typing import TypeVar
 
 from opentelemetry import trace
 from pydantic import ValidationError
@@ -41,6 +42,7 @@ from filter_resolver.retry import RetriesExhausted, with_retries
 
 log = get_logger(__name__)
 tracer = trace.get_tracer("filter_resolver")
+T = TypeVar("T")
 
 
 class Resolver:
@@ -72,7 +74,7 @@ class Resolver:
         plan: Plan | None = None
         with tracer.start_as_current_span("row_filter.resolve") as span:
             try:
-                claim = await self._take_claim(request)
+                claim = await self._timed("claim", self._take_claim(request))
                 if claim is None:
                     reply = await self._answer_from_cache(request)
                 else:
@@ -82,8 +84,8 @@ class Resolver:
                         raise unenforceable(f"unknown row filter handler {claim.handler!r}")
                     label = handler.name
                     span.set_attribute("row_filter.handler", label)
-                    plan = await self._resolve_once(request, handler, claim)
-                    reply = await self._store(request, claim, plan)
+                    plan = await self._timed("resolve", self._resolve_once(request, handler, claim))
+                    reply = await self._timed("store", self._store(request, claim, plan))
             except ResolveError as exc:
                 span.set_attribute("row_filter.error", exc.code)
                 log.info("plan_request_refused", handler=label, error=exc.code, detail=exc.detail)
@@ -99,6 +101,14 @@ class Resolver:
         self._metrics.resolutions.labels(label, reply.outcome, reply.error_code or "", kind).inc()
         self._metrics.latency.labels(label).observe(time.perf_counter() - started)
         return reply
+
+    async def _timed(self, hop: str, step: Awaitable[T]) -> T:
+        """One hop's time into filter_resolver_hop_seconds, whatever its outcome."""
+        started = time.perf_counter()
+        try:
+            return await step
+        finally:
+            self._metrics.hops.labels(hop).observe(time.perf_counter() - started)
 
     # -- the claim check ------------------------------------------------------------------------
     async def _take_claim(self, request: PlanRequest) -> ClaimCheck | None:

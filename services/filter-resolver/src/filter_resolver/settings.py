@@ -43,6 +43,14 @@ class Settings(HttpSettings, KafkaSettings, RedisSettings, PlanCacheSettings, Oi
     resolver_group_id: str = Field(default=GROUP_ID, min_length=1)
     resolver_max_batch: int = Field(default=100, ge=1, le=10_000)
 
+    # The request consumer's fetch wait once no request has come for resolver_idle_after_ms;
+    # the first request to arrive brings back KAFKA_RPC_FETCH_MAX_WAIT_MS. Unset: no change,
+    # which is right for a broker whose long poll answers when data arrives (a real cluster).
+    # On a broker that sleeps out the whole wait (the local Tansu) a longer idle wait is cheaper
+    # but delays the first request after a quiet spell by up to that wait.
+    resolver_idle_fetch_max_wait_ms: int | None = Field(default=None, ge=0, le=60_000)
+    resolver_idle_after_ms: int = Field(default=2_000, ge=0, le=600_000)
+
     @field_validator("row_filters_modules", mode="before")
     @classmethod
     def _split_modules(cls, v: Any) -> Any:

@@ -8,24 +8,27 @@ import contextlib
 from collections.abc import AsyncIterator, Mapping
 
 import asyncpg
-import httpx
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaProducer
 from fastapi import FastAPI
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from dataplane_contracts.catalogue import load_catalogue
 from dataplane_service_kit.errors import install_error_handlers
 from dataplane_service_kit.health import ReadinessCheck, health_router
 from dataplane_service_kit.limits import BodyLimit
 from dataplane_service_kit.logs import get_logger
+from dataplane_service_kit.readiness import CachedProbe
 from dataplane_service_kit.telemetry import FASTAPI_TELEMETRY
-from query_gateway.connector import ConnectorClient, service_tokens
+from query_gateway.connector import ConnectorClient, connector_http, service_tokens
 from query_gateway.disclosure import DisclosurePublisher
 from query_gateway.gateway import Gateway
 from query_gateway.identity import OidcVerifier
 from query_gateway.plan_client import PlanClient
 from query_gateway.pull import PullVerifier
-from query_gateway.routes import body_refusals, dps_router, query_router
+from query_gateway.routes import QueryRoutes, body_refusals, dps_router, query_router
 from query_gateway.settings import GatewaySettings
 from query_gateway.sql import QueryExecutor, load_column_types
 from query_gateway.sql.execute import datasets_pool
@@ -49,13 +52,21 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             settings.datasets_database_url,
             statement_timeout_ms=settings.query_statement_timeout_ms,
             max_size=settings.datasets_pool_max_size,
+            command_timeout_s=settings.database_command_timeout_s,
+            connect_timeout_s=settings.database_acquire_timeout_ms / 1000,
         )
         stack.push_async_callback(pool.close)
         try:
             columns = await load_column_types(pool, catalogue)
         except ValueError as exc:  # CatalogueMismatch (GS-09) names dataset, filter and column
             raise StartupRefused(f"catalogue refused: {exc}") from None
-        redis = aioredis.from_url(settings.redis_url)
+        redis = aioredis.from_url(
+            settings.redis_url,
+            socket_connect_timeout=settings.redis_connect_timeout_seconds,
+            socket_timeout=settings.redis_socket_timeout_seconds,
+            # a dropped connection is tried once more; a timeout is not (its bound is the bound)
+            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+        )
         stack.push_async_callback(redis.aclose)
         producer = AIOKafkaProducer(
             bootstrap_servers=settings.kafka_bootstrap_servers,
@@ -68,20 +79,34 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         plans = PlanClient(settings, redis, producer)
         await plans.start()
         stack.push_async_callback(plans.stop)
-        http = httpx.AsyncClient()
+        http = connector_http(settings)
         stack.push_async_callback(http.aclose)
         pull = None
         flows_pool: asyncpg.Pool | None = None
         if settings.dps_enabled:
             assert settings.dps_flows_database_url and settings.dps_token_public_key  # settings
-            flows_pool = await asyncpg.create_pool(settings.dps_flows_database_url, min_size=1, max_size=5)
+            flows_pool = await asyncpg.create_pool(
+                settings.dps_flows_database_url,
+                min_size=1,
+                max_size=5,
+                command_timeout=settings.dps_grant_timeout_ms / 1000,
+                timeout=settings.dps_grant_timeout_ms / 1000,
+            )
             stack.push_async_callback(flows_pool.close)
-            pull = PullVerifier(settings.dps_token_public_key, flows_pool)
+            pull = PullVerifier(
+                settings.dps_token_public_key, flows_pool, timeout_s=settings.dps_grant_timeout_ms / 1000
+            )
         gw = Gateway(
             settings=settings,
             catalogue=catalogue,
             columns=columns,
-            executor=QueryExecutor(pool, settings.query_statement_timeout_ms, session_defaults=True),
+            executor=QueryExecutor(
+                pool,
+                settings.query_statement_timeout_ms,
+                session_defaults=True,
+                acquire_timeout_s=settings.database_acquire_timeout_ms / 1000,
+                command_timeout_s=settings.database_command_timeout_s,
+            ),
             plans=plans,
             oidc=OidcVerifier(
                 http, settings.oidc_jwks_uri(), settings.oidc_issuer(), settings.celine_oidc_audience
@@ -91,30 +116,43 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             pull=pull,
         )
 
+        # readiness asks the broker itself (metadata, answer kept 1.5 s), not a flag set at start
+        broker = CachedProbe(producer.client.fetch_all_metadata, name="kafka")
+        stack.push_async_callback(broker.aclose)
+
         async def kafka_ok() -> bool:
-            return plans.positioned
+            return plans.positioned and await broker()
 
         async def redis_ok() -> bool:
             return bool(await redis.ping())
 
         async def db_ok() -> bool:
-            return bool(await pool.fetchval("SELECT 1"))
+            return bool(await pool.fetchval("SELECT 1", timeout=settings.database_acquire_timeout_ms / 1000))
 
-        checks: dict[str, ReadinessCheck] = {"kafka": kafka_ok, "redis": redis_ok, "datasets_db": db_ok}
+        # docs/readiness.md: required = the replica can serve nothing useful without it; a
+        # capability's loss refuses only its requests (each with its code) and keeps the replica
+        # in the Service. The datasets database serves every path; the broker every dataspace
+        # request (no disclosure, no answer); Redis only lookup-filter misses, flows only pulls
+        checks: dict[str, ReadinessCheck] = {"datasets_db": db_ok}
+        capabilities: dict[str, ReadinessCheck] = {"redis": redis_ok}
+        dataspace = settings.edr_enabled or settings.dps_enabled
+        (checks if dataspace else capabilities)["kafka"] = kafka_ok
         if flows_pool is not None:
             fp = flows_pool
 
             async def flows_ok() -> bool:
-                return bool(await fp.fetchval("SELECT 1"))
+                return bool(await fp.fetchval("SELECT 1", timeout=settings.dps_grant_timeout_ms / 1000))
 
-            checks["flows_db"] = flows_ok
+            capabilities["flows_db"] = flows_ok
         app.state.gateway = gw
         app.state.checks = checks
+        app.state.capabilities = capabilities
         log.info(
             "query-gateway ready", datasets=len(catalogue.datasets), reply_partition=plans.reply_partition
         )
         yield
         app.state.checks = {}
+        app.state.capabilities = {}
 
 
 async def _bounded_stop(producer: AIOKafkaProducer) -> None:
@@ -134,9 +172,13 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     )
     app.state.settings = settings
     app.state.checks = {}
+    app.state.capabilities = {}
     # a body that is not JSON at all (invalid UTF-8 among others) is 400 invalid_body: refused
     # before anything reads it, like a NUL or a lone surrogate in the statement
     install_error_handlers(app, "invalid_request", "invalid_body")
+    # the query routes' plain-ASGI front door (routes.py), inside the body limit (added after it
+    # is outside it): a well-formed request is answered there without FastAPI's router
+    app.add_middleware(QueryRoutes, dps_enabled=settings.dps_enabled)
     # before any route reads the body: FastAPI decodes it before the handler runs
     app.add_middleware(
         BodyLimit, max_bytes=settings.query_max_body_bytes, refused=body_refusals(settings.dps_enabled)
@@ -152,7 +194,11 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             return {"startup": starting}
         return named
 
-    app.include_router(health_router(checks))
+    def capabilities() -> Mapping[str, ReadinessCheck]:
+        named: Mapping[str, ReadinessCheck] = app.state.capabilities
+        return named
+
+    app.include_router(health_router(checks, capabilities=capabilities))
     app.include_router(query_router())
     if settings.dps_enabled:  # DPS-01: the pull route exists only on a DPS data plane
         app.include_router(dps_router())

@@ -30,6 +30,19 @@ from query_gateway.verified import VerifiedTokens, exp_of, memoisable
 log = get_logger("query_gateway.connector")
 _EDR_ALGORITHMS = ["ES256", "RS256"]
 _REFRESH_SECONDS = 30.0
+# a connection closed under the request: the server's idle close crossing our send on a pooled
+# connection. Asked again once, on a fresh connection, where the question is idempotent; a
+# refused connect or a timeout is not this and is not asked again
+_CONNECTION_RESET = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
+def connector_http(settings: GatewaySettings) -> httpx.AsyncClient:
+    """The gateway's client for ds and the issuer: idle connections are dropped after
+    CONNECTOR_KEEPALIVE_EXPIRY_SECONDS, below the servers' idle timeout, so it is the gateway that
+    closes an idle connection and a request is not sent on one the server is closing."""
+    return httpx.AsyncClient(
+        limits=httpx.Limits(keepalive_expiry=settings.connector_keepalive_expiry_seconds)
+    )
 
 
 def service_tokens(http: httpx.AsyncClient, settings: GatewaySettings) -> ClientCredentialsToken:
@@ -175,15 +188,19 @@ class ConnectorClient:
             return cached
         asked_at = self._decisions.now()
         headers = await self._headers()
-        try:
-            response = await self._http.post(
-                f"{base}/internal/dataplane/authorize",
-                json=request.model_dump(mode="json"),
-                headers=headers,
-                timeout=self._timeout,
-            )
-        except httpx.HTTPError:
-            raise ServiceError("ds_unavailable", "ds-connector unreachable") from None
+        body = request.model_dump(mode="json")
+        for attempt in (1, 2):
+            try:
+                response = await self._http.post(
+                    f"{base}/internal/dataplane/authorize", json=body, headers=headers, timeout=self._timeout
+                )
+                break
+            except _CONNECTION_RESET as exc:
+                if attempt == 2:
+                    raise ServiceError("ds_unavailable", "ds-connector unreachable") from None
+                log.info("ds_authorize_retried", error=type(exc).__name__)
+            except httpx.HTTPError:
+                raise ServiceError("ds_unavailable", "ds-connector unreachable") from None
         if response.status_code >= 400:
             raise ServiceError("ds_unavailable", f"ds-connector error: {response.status_code}")
         try:

@@ -5,18 +5,19 @@ disclosure record before any row leaves (RF-10)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from dataplane_contracts.catalogue import DatasetEntry
+from dataplane_contracts.catalogue import PURE_HANDLERS, DatasetEntry
 from dataplane_contracts.ds import AuthorizeRequest, DataplaneRowFilter, DatasetVerdict, DecisionEnvelope
 from dataplane_contracts.events import DisclosureRecorded
 from dataplane_contracts.plans import Plan
 from dataplane_service_kit.errors import ServiceError
 from query_gateway.access_log import AccessContext
 from query_gateway.gateway import Gateway, QueryBody, page_body
-from query_gateway.layers import REFUSES_DELEGATION, LayerRequest
+from query_gateway.layers import REFUSES_DELEGATION, LayerRequest, apply_pure
 from query_gateway.policy import check_available, is_allow_all
 
 
@@ -136,22 +137,44 @@ async def run_dataspace(
     ctx.current = None
     narrowed = await gw.narrow(q, plans)
     page = await gw.execute(narrowed, body, dataspace=True)
-    events = [
-        DisclosureRecorded(
-            provider_participant=req.provider,
-            consumer_id=req.consumer,
-            agreement_id=req.agreement_id,
-            transfer_id=req.transfer_id,
-            dataset_id=j.entry.id,
-            row_count=page.count,
-            decision_ref=envelope.decision_ref,
-            authorized_subject_ids=list(j.person_filter.subject_dids) if j.person_filter else None,
-        )
-        for j in judged
-    ]
+    events = [_disclosure(req, j, page.count, envelope.decision_ref) for j in judged]
     await gw.disclosures.publish(events)
     ctx.succeeded()
     return page_body(page)
+
+
+def _disclosure(req: DataspaceRequest, j: _Judged, rows: int, decision_ref: str | None) -> DisclosureRecorded:
+    """RF-10's record of this dataset's disclosure, every field validated. The subject DIDs are
+    the strictly parsed filter's (`DataplaneRowFilter.subject_dids`, the same `list[Did]` type as
+    the event's field): validated once per verdict there, they are not validated again per
+    request here — a hundred pattern checks that cannot fail."""
+    event = DisclosureRecorded(
+        provider_participant=req.provider,
+        consumer_id=req.consumer,
+        agreement_id=req.agreement_id,
+        transfer_id=req.transfer_id,
+        dataset_id=j.entry.id,
+        row_count=rows,
+        decision_ref=decision_ref,
+        authorized_subject_ids=None,
+    )
+    if j.person_filter is None:
+        return event
+    return event.model_copy(update={"authorized_subject_ids": list(j.person_filter.subject_dids)})
+
+
+def _derived_plan(j: _Judged, layer: str, build: Callable[[], Plan]) -> Plan:
+    """A pure handler's plan from this verdict, built once while ds's decision is reused: it is
+    a function of the verdict and the catalogue entry alone (the entry compared by identity, so a
+    catalogue read again never meets an old plan). Refusals are not kept: raised every time."""
+    memo = j.verdict.derived()
+    kept = memo.get(layer)
+    if isinstance(kept, tuple) and kept[0] is j.entry:
+        plan: Plan = kept[1]
+        return plan
+    plan = build()
+    memo[layer] = (j.entry, plan)
+    return plan
 
 
 async def _person_plan(gw: Gateway, j: _Judged, ctx: AccessContext, ttl: int | None) -> Plan:
@@ -166,7 +189,12 @@ async def _person_plan(gw: Gateway, j: _Judged, ctx: AccessContext, ttl: int | N
         principals=tuple(f.principals),  # delegated, even when empty (RF-05)
         keys=tuple(f.keys),
     )
-    plan = await gw.layer_plan(j.entry, "person", req, ctx, ds_cache_ttl=ttl)
+    if f.handler in PURE_HANDLERS:
+        return _derived_plan(j, "person", lambda: _checked(gw, j, apply_pure(req)))
+    return _checked(gw, j, await gw.layer_plan(j.entry, "person", req, ctx, ds_cache_ttl=ttl))
+
+
+def _checked(gw: Gateway, j: _Judged, plan: Plan) -> Plan:
     if plan.column is not None and plan.column not in gw.columns.get(j.entry.table, {}):
         # the column came from ds's filter, not from the consumer: ds and catalogue disagree
         raise _unreadable(j.entry.id, "sent a row filter naming a column the dataset does not have")
@@ -183,4 +211,6 @@ async def _organization_plan(gw: Gateway, j: _Judged, ctx: AccessContext, ttl: i
         caller=None,
         organizations=tuple(j.verdict.organizations or ()),  # none → no rows (GS-13)
     )
+    if spec.handler in PURE_HANDLERS:
+        return _derived_plan(j, "organization", lambda: apply_pure(req))
     return await gw.layer_plan(j.entry, "organization", req, ctx, ds_cache_ttl=ttl)

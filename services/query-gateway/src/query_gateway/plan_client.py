@@ -3,7 +3,13 @@
 Tiers: an in-process LRU (at most ROW_FILTERS_CACHE_MAXSIZE plans, honouring the Redis TTL), then
 Redis, then a `PlanRequest` naming only the hashed cache key and a claim-check id; the inputs wait
 in Redis under the claim id. Replies are read by manual assignment of one partition (no group),
-from its end, keeping only this instance's correlation ids. Identical misses coalesce."""
+from its end, keeping only this instance's correlation ids. Identical misses coalesce.
+
+The reply partition is paused while no request is pending and resumed before a request is sent:
+a paused partition keeps its position (no reply is missed) but is not fetched, so an idle
+gateway sends no fetches at all, which on a broker that sleeps out each fetch wait (the local
+Tansu) is what keeps it cheap; while requests are pending it fetches with
+KAFKA_RPC_FETCH_MAX_WAIT_MS."""
 
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
+from prometheus_client import Histogram
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
@@ -40,6 +47,16 @@ from query_gateway.metrics import PLAN_CACHE
 from query_gateway.settings import GatewaySettings
 
 log = get_logger("query_gateway.plans")
+
+# where a miss's time goes on this side (issue 12); labels are hop names only
+MISS_HOPS = Histogram(
+    "query_gateway_plan_miss_hop_seconds",
+    "Hops of a plan-cache miss: claim (store the claim check), request (publish the PlanRequest), "
+    "reply (request published → its reply read), reply_fetch (reply produced → read here), "
+    "plan_read (the resolved plan out of Redis)",
+    ["hop"],
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
 
 
 def _unavailable(detail: str) -> ServiceError:
@@ -86,6 +103,8 @@ class PlanClient:
         self._inflight: dict[str, asyncio.Task[Plan]] = {}
         self._pending: dict[str, asyncio.Future[PlanResolved]] = {}
         self._consumer: AIOKafkaConsumer | None = None
+        self._tp: TopicPartition | None = None
+        self._paused = False
         self._reader: asyncio.Task[None] | None = None
         self.reply_partition: int | None = None
         self.positioned = False
@@ -106,14 +125,15 @@ class PlanClient:
             group_id=None,
             enable_auto_commit=False,
             auto_offset_reset="latest",
-            fetch_max_wait_ms=self._settings.kafka_fetch_max_wait_ms,
+            fetch_max_wait_ms=self._settings.rpc_fetch_max_wait_ms(),
         )
         await consumer.start()
         tp = TopicPartition(PLAN_REPLIES, chosen)
         consumer.assign([tp])
         await consumer.seek_to_end(tp)
         await consumer.position(tp)  # resolves the end offset now: from here no reply is missed
-        self._consumer = consumer
+        self._consumer, self._tp = consumer, tp
+        self._pause_if_idle()
         self.reply_partition = chosen
         self.positioned = True
         self._reader = asyncio.create_task(self._read(consumer), name="plan-replies")
@@ -139,7 +159,30 @@ class PlanClient:
                 continue
             for records in batches.values():
                 for record in records:
+                    if self._pending:  # replies read while someone waits: the time they took
+                        self._observe_fetch(record.timestamp, record.timestamp_type)
                     self._dispatch(record.value)
+
+    @property
+    def fetching(self) -> bool:
+        """Whether plan replies are being fetched now (only while a request is pending)."""
+        return self._consumer is not None and not self._paused
+
+    def _resume(self) -> None:
+        """Fetch replies again: called with a request pending, before it is sent."""
+        if self._paused and self._consumer is not None and self._tp is not None:
+            self._consumer.resume(self._tp)
+            self._paused = False
+
+    def _pause_if_idle(self) -> None:
+        """Stop fetching while nothing is pending; the position stays where it is."""
+        if not self._pending and not self._paused and self._consumer is not None and self._tp is not None:
+            self._consumer.pause(self._tp)
+            self._paused = True
+
+    def _observe_fetch(self, timestamp: int, timestamp_type: int) -> None:
+        if timestamp_type == 0 and timestamp > 0:  # CreateTime, the resolver's clock (ms)
+            MISS_HOPS.labels("reply_fetch").observe(max(0.0, time.time() * 1000 - timestamp) / 1000)
 
     def _dispatch(self, value: bytes | None) -> None:
         if not value:
@@ -200,6 +243,7 @@ class PlanClient:
             if reply.outcome == "error":
                 code = reply.error_code or "row_filter_unavailable"
                 raise ServiceError(code, reply.error_detail or "row filter resolution failed")
+            read_started = time.perf_counter()
             try:
                 if reply.outcome == "one_shot":
                     assert reply.one_shot_id is not None
@@ -214,6 +258,8 @@ class PlanClient:
                 raise _unavailable("plan cache unavailable") from None
             except ValidationError:
                 raise _unavailable("resolved plan unreadable") from None
+            finally:
+                MISS_HOPS.labels("plan_read").observe(time.perf_counter() - read_started)
         raise _unavailable("resolved plan vanished before it was read")
 
     async def _ask(self, key: str, claim: ClaimCheck) -> PlanResolved:
@@ -223,8 +269,10 @@ class PlanClient:
         deadline = datetime.now(UTC) + timedelta(seconds=self._timeout)
         future: asyncio.Future[PlanResolved] = asyncio.get_running_loop().create_future()
         self._pending[correlation_id] = future
+        self._resume()  # before the request goes out: its reply must find the reader fetching
         try:
             async with asyncio.timeout(self._timeout):
+                started = time.perf_counter()
                 try:
                     await self._redis.set(
                         redis_claim_key(claim_id),
@@ -233,6 +281,8 @@ class PlanClient:
                     )
                 except RedisError:
                     raise _unavailable("claim check could not be stored") from None
+                claimed = time.perf_counter()
+                MISS_HOPS.labels("claim").observe(claimed - started)
                 request = PlanRequest(
                     cache_key=key,
                     claim_check_id=claim_id,
@@ -247,10 +297,15 @@ class PlanClient:
                     key=key.encode(),
                     headers=kafka_headers(),
                 )
-                return await future
+                sent = time.perf_counter()
+                MISS_HOPS.labels("request").observe(sent - claimed)
+                reply = await future
+                MISS_HOPS.labels("reply").observe(time.perf_counter() - sent)
+                return reply
         except TimeoutError:
             raise _unavailable("row filter resolution timed out") from None
         except KafkaError:
             raise _unavailable("plan request could not be published") from None
         finally:
             self._pending.pop(correlation_id, None)
+            self._pause_if_idle()

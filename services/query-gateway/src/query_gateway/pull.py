@@ -4,6 +4,7 @@ the token's signature check is memoised (query_gateway.verified); the grant neve
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,6 +20,7 @@ from dataplane_contracts.dps import (
     PullTokenClaims,
 )
 from dataplane_service_kit.errors import ServiceError
+from dataplane_service_kit.logs import get_logger
 from query_gateway.verified import VerifiedTokens, exp_of, memoisable
 
 
@@ -52,14 +54,22 @@ def pull_token_of(header: str | None) -> str | None:
     return value or None
 
 
+log = get_logger(__name__)
+
+# the whole grant read (a pooled connection, the read, its return) when the caller names no bound
+DEFAULT_GRANT_TIMEOUT_S = 2.0
+
 # a constant view name; the token id is a bound parameter
 _GRANT_SQL = f"SELECT {', '.join(PULL_GRANT_COLUMNS[1:])} FROM {PULL_GRANT_VIEW} WHERE token_id = $1"  # noqa: S608
 
 
 class PullVerifier:
-    def __init__(self, public_key_pem: str, flows_pool: asyncpg.Pool) -> None:
+    def __init__(
+        self, public_key_pem: str, flows_pool: asyncpg.Pool, *, timeout_s: float = DEFAULT_GRANT_TIMEOUT_S
+    ) -> None:
         self._key = public_key_pem
         self._pool = flows_pool
+        self._timeout = timeout_s
         # the signature check and claim parsing of a token seen before; the key is fixed for the
         # process. Only the signature is memoised: the grant is read on every request (below)
         self._verified: VerifiedTokens[PullTokenClaims] = VerifiedTokens()
@@ -85,10 +95,17 @@ class PullVerifier:
         return claims
 
     async def grant(self, jti: str) -> PullGrant | None:
+        """The token's grant, or None. Any failure to read it (the flows database down, stopped
+        or killing connections, a timeout, an SQL error of the view) is 503 database_unavailable:
+        without the grant nothing is served, and the pull may be retried."""
         try:
-            async with self._pool.acquire() as conn:
-                row = await conn.fetchrow(_GRANT_SQL, jti)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            async with (
+                asyncio.timeout(self._timeout),
+                self._pool.acquire(timeout=self._timeout) as conn,
+            ):
+                row = await conn.fetchrow(_GRANT_SQL, jti, timeout=self._timeout)
+        except Exception as exc:  # asyncpg's InternalClientError among them: never a bare 500
+            log.warning("pull_grant_unreadable", error=type(exc).__name__)
             raise ServiceError("database_unavailable", "the pull grants cannot be read now") from None
         if row is None:
             return None

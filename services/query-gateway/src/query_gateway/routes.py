@@ -1,19 +1,27 @@
 """HTTP routes: `POST /query` (normal path, or the legacy EDR path in dataspace mode),
-`POST /query/plan` (normal path only) and `POST /dps/public/query` (DPS-09)."""
+`POST /query/plan` (normal path only) and `POST /dps/public/query` (DPS-09).
+
+Each route is one `answer_*` function over the request's headers and body. Two front doors call
+them: `QueryRoutes`, a plain ASGI middleware that serves every well-formed request without
+FastAPI's router, dependency resolution and request objects (about a fifth of a request's CPU),
+and the FastAPI routes, which see only what `QueryRoutes` passes on — a body that is not a JSON
+object of the expected fields, another content type — so every refusal of a malformed request
+keeps the framework's rendering exactly."""
 
 from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Annotated, TypeVar
 
 import orjson
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse, Response
-from starlette.types import Scope
+from pydantic import ValidationError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from dataplane_service_kit.errors import ServiceError
+from dataplane_service_kit.errors import ServiceError, error_response
 from dataplane_service_kit.logs import get_logger
 from query_gateway.access_log import QUERY_ACTION, TOKEN_ACTION, AccessContext
 from query_gateway.connector import resolve_connector
@@ -28,15 +36,17 @@ _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}
 
 OptHeader = Annotated[str | None, Header()]
 T = TypeVar("T")
+Headers = Mapping[str, str]  # lower-case names, the first value of each (as FastAPI's Header())
+Answer = Callable[[Gateway, Headers, QueryBody], Awaitable[Response]]
 
 
-def _context(request: Request, route: str) -> AccessContext:
-    request_id = request.headers.get("x-request-id") or request.headers.get("x-correlation-id")
-    match = _TRACEPARENT.fullmatch(request.headers.get("traceparent", "").strip().lower())
+def _context(headers: Headers, method: str, route: str) -> AccessContext:
+    request_id = headers.get("x-request-id") or headers.get("x-correlation-id")
+    match = _TRACEPARENT.fullmatch(headers.get("traceparent", "").strip().lower())
     return AccessContext(
         request_id=(request_id or uuid.uuid4().hex)[:128],
         trace_id=match.group(1) if match else None,
-        method=request.method,
+        method=method,
         route=route,
     )
 
@@ -94,21 +104,192 @@ async def _caller(gw: Gateway, authorization: str | None, ctx: AccessContext) ->
     return caller
 
 
+# ---------------------------------------------------------------------- the routes, once
+async def answer_query(gw: Gateway, headers: Headers, body: QueryBody) -> Response:
+    ctx = _context(headers, "POST", "/query")
+    authorization = headers.get("authorization")
+    agreement = headers.get("edc-contract-agreement-id", "").strip()
+    if gw.settings.edr_enabled and agreement:
+        # dataspace mode: the bearer is an EDR token and never reaches the OIDC issuer
+
+        async def edr() -> dict[str, object]:
+            identity = await _token_check(
+                ctx, gw.connector.verify_edr(bearer(authorization) if authorization else None)
+            )
+            req = DataspaceRequest(
+                consumer=identity.consumer,
+                provider=identity.provider,
+                connector_base=identity.base_url,
+                agreement_id=agreement,
+                transfer_id=headers.get("edc-transfer-process-id") or None,
+                purpose=parse_purpose(headers.get("edc-purpose")),
+            )
+            return await run_dataspace(gw, body, req, ctx)
+
+        return await _guarded("/query", ctx, edr)
+
+    async def normal() -> dict[str, object]:
+        return await run_normal(gw, body, await _caller(gw, authorization, ctx), ctx)
+
+    return await _guarded("/query", ctx, normal)
+
+
+async def answer_plan(gw: Gateway, headers: Headers, body: QueryBody) -> Response:
+    ctx = _context(headers, "POST", "/query/plan")
+
+    async def explain() -> dict[str, object]:
+        return await explain_normal(gw, body, await _caller(gw, headers.get("authorization"), ctx), ctx)
+
+    return await _guarded("/query/plan", ctx, explain)
+
+
+async def answer_pull(gw: Gateway, headers: Headers, body: QueryBody) -> Response:
+    ctx = _context(headers, "POST", "/dps/public/query")
+
+    async def pull() -> dict[str, object]:
+        assert gw.pull is not None  # mounted only with DPS_ENABLED
+
+        def identified(consumer: str, agreement_id: str) -> None:
+            ctx.sub = ctx.client_id = consumer
+            ctx.agreement_id = agreement_id
+
+        grant = await gw.pull.verify(
+            headers.get("authorization"),
+            headers.get("edc-contract-agreement-id", "").strip() or None,
+            identified,
+        )
+        req = DataspaceRequest(
+            consumer=grant.consumer,
+            provider=grant.provider,
+            connector_base=resolve_connector(gw.settings, grant.provider),
+            agreement_id=grant.agreement_id,
+            transfer_id=headers.get("edc-transfer-process-id") or None,
+            purpose=parse_purpose(headers.get("edc-purpose")),
+        )
+        return await run_dataspace(gw, body, req, ctx)
+
+    return await _guarded("/dps/public/query", ctx, pull)
+
+
+def _routes(dps_enabled: bool) -> dict[str, Answer]:
+    routes: dict[str, Answer] = {"/query": answer_query, "/query/plan": answer_plan}
+    if dps_enabled:  # DPS-01: the pull route exists only on a DPS data plane
+        routes["/dps/public/query"] = answer_pull
+    return routes
+
+
 def body_refusals(dps_enabled: bool) -> Callable[[Scope], None]:
     """What a body over QUERY_MAX_BODY_BYTES leaves (refused by the service kit's `BodyLimit`
     before any route ran): the request's metric and its access record, as for any refusal."""
-    routes = {"/query", "/query/plan"} | ({"/dps/public/query"} if dps_enabled else set())
+    routes = set(_routes(dps_enabled))
 
     def refused(scope: Scope) -> None:
         route = scope.get("path", "")
         if route in routes:
-            _context(Request(scope), route).failed("body_too_large", 413)
+            _context(_headers(scope), scope.get("method", "POST"), route).failed("body_too_large", 413)
             REQUESTS.labels(route, "413", "body_too_large").inc()
 
     return refused
 
 
+# ---------------------------------------------------------------------- plain ASGI front door
+def _headers(scope: Scope) -> dict[str, str]:
+    """The request's headers as FastAPI's `Header()` reads them: latin-1, the first of a repeat."""
+    headers: dict[str, str] = {}
+    for name, value in scope.get("headers", ()):
+        key = name.decode("latin-1").lower()
+        if key not in headers:
+            headers[key] = value.decode("latin-1")
+    return headers
+
+
+def _json_media(content_type: str | None) -> bool:
+    """No content type, or exactly JSON's: the two cases in which FastAPI decodes a JSON body.
+    Any other (a `+json` subtype among them) is left to FastAPI and decided there."""
+    if content_type is None:
+        return True
+    return content_type.partition(";")[0].strip().lower() == "application/json"
+
+
+def _well_formed(raw: bytes, headers: Headers) -> QueryBody | None:
+    """The body as FastAPI would bind it, or None for anything FastAPI would refuse or decide
+    differently (not JSON, an empty body, a JSON value orjson reads otherwise, a field error)."""
+    if not raw or not _json_media(headers.get("content-type")):
+        return None
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(value, dict):
+        return None
+    try:
+        return QueryBody.model_validate(value)
+    except ValidationError:
+        return None
+
+
+class QueryRoutes:
+    """ASGI middleware: a well-formed POST to a query route is answered here; everything else —
+    other routes and methods, and a body FastAPI must refuse in its own words — goes on to the
+    app with its body replayed. Sits inside `BodyLimit`, which bounds the body first."""
+
+    def __init__(self, app: ASGIApp, dps_enabled: bool) -> None:
+        self.app = app
+        self.routes = _routes(dps_enabled)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        answer = self.routes.get(scope["path"]) if scope["type"] == "http" else None
+        if answer is None or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        raw = await _read_body(receive)
+        if raw is None:
+            return  # the client went away before its body was complete: nobody to answer
+        headers = _headers(scope)
+        body = _well_formed(raw, headers)
+        if body is None:
+            await self.app(scope, _replay(raw, receive), send)
+            return
+        gw: Gateway = scope["app"].state.gateway
+        try:
+            response = await answer(gw, headers, body)
+        except ServiceError as exc:
+            response = error_response(exc.code, exc.detail, exc.headers)
+        await response(scope, receive, send)
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replay(raw: bytes, receive: Receive) -> Receive:
+    pending: Message | None = {"type": "http.request", "body": raw, "more_body": False}
+
+    async def replay() -> Message:
+        nonlocal pending
+        if pending is None:
+            return await receive()
+        message, pending = pending, None
+        return message
+
+    return replay
+
+
+# ---------------------------------------------------------------------- FastAPI routes
+def _request_headers(request: Request) -> dict[str, str]:
+    return _headers(request.scope)
+
+
 def query_router() -> APIRouter:
+    """The same routes for what `QueryRoutes` passes on; the header parameters are declared so
+    that FastAPI validates and documents them as before."""
     router = APIRouter()
 
     @router.post("/query")
@@ -121,42 +302,11 @@ def query_router() -> APIRouter:
         edc_transfer_process_id: OptHeader = None,
         edc_purpose: OptHeader = None,
     ) -> Response:
-        gw: Gateway = request.app.state.gateway
-        ctx = _context(request, "/query")
-        agreement = (edc_contract_agreement_id or "").strip()
-        if gw.settings.edr_enabled and agreement:
-            # dataspace mode: the bearer is an EDR token and never reaches the OIDC issuer
-
-            async def edr() -> dict[str, object]:
-                identity = await _token_check(
-                    ctx, gw.connector.verify_edr(bearer(authorization) if authorization else None)
-                )
-                req = DataspaceRequest(
-                    consumer=identity.consumer,
-                    provider=identity.provider,
-                    connector_base=identity.base_url,
-                    agreement_id=agreement,
-                    transfer_id=edc_transfer_process_id or None,
-                    purpose=parse_purpose(edc_purpose),
-                )
-                return await run_dataspace(gw, body, req, ctx)
-
-            return await _guarded("/query", ctx, edr)
-
-        async def normal() -> dict[str, object]:
-            return await run_normal(gw, body, await _caller(gw, authorization, ctx), ctx)
-
-        return await _guarded("/query", ctx, normal)
+        return await answer_query(request.app.state.gateway, _request_headers(request), body)
 
     @router.post("/query/plan")
     async def query_plan(request: Request, body: QueryBody, authorization: OptHeader = None) -> Response:
-        gw: Gateway = request.app.state.gateway
-        ctx = _context(request, "/query/plan")
-
-        async def explain() -> dict[str, object]:
-            return await explain_normal(gw, body, await _caller(gw, authorization, ctx), ctx)
-
-        return await _guarded("/query/plan", ctx, explain)
+        return await answer_plan(request.app.state.gateway, _request_headers(request), body)
 
     return router
 
@@ -174,29 +324,6 @@ def dps_router() -> APIRouter:
         edc_transfer_process_id: OptHeader = None,
         edc_purpose: OptHeader = None,
     ) -> Response:
-        gw: Gateway = request.app.state.gateway
-        ctx = _context(request, "/dps/public/query")
-
-        async def pull() -> dict[str, object]:
-            assert gw.pull is not None  # mounted only with DPS_ENABLED
-
-            def identified(consumer: str, agreement_id: str) -> None:
-                ctx.sub = ctx.client_id = consumer
-                ctx.agreement_id = agreement_id
-
-            grant = await gw.pull.verify(
-                authorization, (edc_contract_agreement_id or "").strip() or None, identified
-            )
-            req = DataspaceRequest(
-                consumer=grant.consumer,
-                provider=grant.provider,
-                connector_base=resolve_connector(gw.settings, grant.provider),
-                agreement_id=grant.agreement_id,
-                transfer_id=edc_transfer_process_id or None,
-                purpose=parse_purpose(edc_purpose),
-            )
-            return await run_dataspace(gw, body, req, ctx)
-
-        return await _guarded("/dps/public/query", ctx, pull)
+        return await answer_pull(request.app.state.gateway, _request_headers(request), body)
 
     return router

@@ -41,6 +41,17 @@ class GatewaySettings(
     # the plan.replies partition this instance reads; unset = derived from a random instance id
     plan_reply_partition: int | None = Field(default=None, ge=0)
     connector_timeout_seconds: float = Field(default=5.0, gt=0)
+    # below ds's idle timeout (uvicorn's default is 5 s): the gateway drops an idle connection
+    # before ds closes it, so a question is never sent on a connection ds is closing
+    connector_keepalive_expiry_seconds: float = Field(default=4.0, ge=0)
+    # the gateway's own bounds on its databases; PostgreSQL's statement_timeout cannot fire on a
+    # server that is not running. Waiting for (or opening) a pooled connection, and returning it:
+    database_acquire_timeout_ms: int = Field(default=2_000, ge=1)
+    # one statement's answer, client side; unset = QUERY_STATEMENT_TIMEOUT_MS + 2 s, so the
+    # server's own timeout (400 query_timeout) fires first whenever the server is running
+    database_command_timeout_ms: int | None = Field(default=None, ge=1)
+    # the whole DPS pull-grant read (acquire, read, release)
+    dps_grant_timeout_ms: int = Field(default=2_000, ge=1)
     # ds's answers reused for the ttl ds sends with each (query_gateway.decision_cache)
     ds_decision_cache_enabled: bool = True
     ds_decision_cache_maxsize: int = Field(default=10_000, ge=1)
@@ -57,6 +68,19 @@ class GatewaySettings(
         if not isinstance(key, ec.EllipticCurvePublicKey):
             raise ValueError("must be an EC (P-256) public key")
         return v
+
+    @property
+    def database_command_timeout_s(self) -> float:
+        ms = self.database_command_timeout_ms
+        return (ms if ms is not None else self.query_statement_timeout_ms + 2_000) / 1000
+
+    @model_validator(mode="after")
+    def _command_outlasts_statement(self) -> GatewaySettings:
+        ms = self.database_command_timeout_ms
+        if ms is not None and ms <= self.query_statement_timeout_ms:
+            # else a slow statement would read as a lost database (503) instead of 400 query_timeout
+            raise ValueError("DATABASE_COMMAND_TIMEOUT_MS must exceed QUERY_STATEMENT_TIMEOUT_MS")
+        return self
 
     @model_validator(mode="after")
     def _dps_complete(self) -> GatewaySettings:

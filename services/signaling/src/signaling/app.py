@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
+import asyncpg
 import httpx
 from aiokafka import AIOKafkaProducer
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
+from sqlalchemy import exc as sa_exc
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -74,7 +76,15 @@ def _lifespan(settings: Settings):  # type: ignore[no-untyped-def]
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = create_async_engine(
-            settings.database_url, pool_size=settings.db_pool_size, pool_pre_ping=True
+            settings.database_url,
+            pool_size=settings.db_pool_size,
+            pool_pre_ping=True,
+            pool_timeout=settings.db_acquire_timeout_seconds,
+            # asyncpg's own: opening a connection, and every statement (the pre-ping included)
+            connect_args={
+                "timeout": settings.db_acquire_timeout_seconds,
+                "command_timeout": settings.db_command_timeout_seconds,
+            },
         )
         try:
             await check_at_head(engine)
@@ -140,6 +150,20 @@ def _signal_of(request: Request) -> str:
     return literal[-1] if literal else "unknown"
 
 
+# what a lost, stopped or killed database raises through SQLAlchemy and asyncpg (a pool timeout,
+# a driver error, a connection released after the server killed it, our own timeouts): 503
+# database_unavailable, never a bare 500. An SQL error of ours is a DBAPIError too: also 503, as
+# the caller can do nothing about it either, and the log names the class
+DATABASE_FAILURES: tuple[type[Exception], ...] = (
+    sa_exc.DBAPIError,
+    sa_exc.TimeoutError,
+    asyncpg.InternalClientError,
+    asyncpg.InterfaceError,
+    OSError,
+    TimeoutError,
+)
+
+
 def _install_audited_errors(app: FastAPI) -> None:
     """Render errors once (service kit) and, for signalling routes, write the GS-02 record."""
     install_error_handlers(app, invalid_request_code="invalid_message")
@@ -167,8 +191,17 @@ def _install_audited_errors(app: FastAPI) -> None:
         rendered: Response = await response
         return rendered
 
+    async def on_database_failure(request: Request, exc: Exception) -> Response:
+        # the driver's text may quote SQL or values: the log keeps the class, the answer neither
+        log.warning("database_unavailable", error=type(exc).__name__)
+        return await on_service_error(
+            request, ServiceError("database_unavailable", "the flows database cannot be reached now")
+        )
+
     app.add_exception_handler(ServiceError, on_service_error)
     app.add_exception_handler(RequestValidationError, on_invalid)
+    for failure in DATABASE_FAILURES:
+        app.add_exception_handler(failure, on_database_failure)
 
 
 class RecountFlowsOnScrape:

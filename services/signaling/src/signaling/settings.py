@@ -61,6 +61,10 @@ class Settings(HttpSettings, KafkaSettings, OidcSettings):
 
     database_url: str
     db_pool_size: int = Field(default=5, ge=1)
+    # the service's own bounds on its database (a stopped or partitioned server enforces none):
+    # waiting for a pooled connection or opening one, and one statement's answer
+    db_acquire_timeout_seconds: float = Field(default=5.0, gt=0)
+    db_command_timeout_seconds: float = Field(default=10.0, gt=0)
 
     outbox_relay_enabled: bool = True
     outbox_poll_interval_ms: int = Field(default=500, ge=10)

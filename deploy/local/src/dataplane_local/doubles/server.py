@@ -10,6 +10,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from dataplane_local.infra import free_port, wait_port
+from dataplane_local.timeouts import scaled
 
 
 @dataclass
@@ -31,7 +32,7 @@ def serve_in_thread(app: FastAPI, port: int | None = None) -> RunningServer:
     thread = threading.Thread(target=server.run, name=f"double-{port}", daemon=True)
     thread.start()
     wait_port(port)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + scaled(10)
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.01)
     return RunningServer(f"http://127.0.0.1:{port}", port, server, thread)

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import datetime as dt
-import uuid
-from decimal import Decimal
 from typing import Any
 
 import asyncpg
@@ -14,6 +12,7 @@ from dataplane_service_kit.errors import ServiceError
 from dataplane_service_kit.logs import get_logger
 from query_gateway.sql.model import DEFAULT_LIMIT, MAX_LIMIT, NarrowedQuery, QueryPage
 from query_gateway.sql.pagination import PageQueries, page_and_count
+from query_gateway.sql.rows import page_items
 
 log = get_logger(__name__)
 
@@ -25,44 +24,16 @@ _CONNECTION_LOST: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.TooManyConnectionsError,
     ConnectionError,
     OSError,
-    TimeoutError,
+    TimeoutError,  # our bounds: the acquire, the command and the request's whole database time
+    # raised when a connection the server killed is released back to the pool (the holder was
+    # already freed by the connection's close): the database went away mid-request
+    asyncpg.InternalClientError,
 )
 
-
-# exact types a row value most often has, and what JSON carries for each: one dict look-up
-# instead of the isinstance chain below (which still decides any other type, subclasses included)
-_AS_IS: frozenset[type] = frozenset({type(None), bool, int, float, str})
-_ISO: frozenset[type] = frozenset({dt.datetime, dt.date, dt.time})
-_PLAIN = (bool, int, float, str)
-_TEMPORAL = (dt.datetime, dt.date, dt.time)
-_SEQUENCES = (list, tuple)
-_BYTES = (bytes, bytearray, memoryview)
-
-
-def jsonable(value: object) -> object:
-    """A row value as JSON can carry it (FastAPI's rules: integral Decimal → int, else float)."""
-    kind = type(value)
-    if kind in _AS_IS:
-        return value
-    if kind in _ISO:
-        return value.isoformat()  # type: ignore[attr-defined]
-    if value is None or isinstance(value, _PLAIN):
-        return value
-    if isinstance(value, Decimal):
-        return int(value) if value == value.to_integral_value() and value.is_finite() else float(value)
-    if isinstance(value, _TEMPORAL):
-        return value.isoformat()
-    if isinstance(value, dt.timedelta):
-        return value.total_seconds()
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    if isinstance(value, _SEQUENCES):
-        return [jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, _BYTES):
-        return bytes(value).hex()
-    return str(value)
+# the gateway's bounds when a caller names none (settings: DATABASE_ACQUIRE_TIMEOUT_MS, and
+# DATABASE_COMMAND_TIMEOUT_MS, by default the statement timeout plus this margin)
+DEFAULT_ACQUIRE_TIMEOUT_S = 2.0
+COMMAND_MARGIN_S = 2.0
 
 
 def check_text(sql: str) -> None:
@@ -88,7 +59,8 @@ async def _rollback(conn: asyncpg.pool.PoolConnectionProxy) -> None:
     """End the failed transaction; when that fails too, the pool's reset on release rolls back or
     terminates the connection, so the original error is the one reported."""
     with contextlib.suppress(Exception):
-        await conn.execute("ROLLBACK")
+        # bounded: after the request's own bound fired, nothing else cancels this wait
+        await conn.execute("ROLLBACK", timeout=DEFAULT_ACQUIRE_TIMEOUT_S)
 
 
 QUERY_FAILED = "Database query failed"
@@ -105,14 +77,30 @@ async def _rolled_back_only(conn: asyncpg.Connection) -> None:
     The default reset (`RESET ALL` and more) would be a second round trip on every request."""
 
 
-async def datasets_pool(url: str, *, statement_timeout_ms: int, max_size: int) -> asyncpg.Pool:
+async def datasets_pool(
+    url: str,
+    *,
+    statement_timeout_ms: int,
+    max_size: int,
+    command_timeout_s: float | None = None,
+    connect_timeout_s: float = DEFAULT_ACQUIRE_TIMEOUT_S,
+) -> asyncpg.Pool:
     """A pool whose sessions are read-only and carry the statement timeout from their start, so
     a request needs no BEGIN, SET LOCAL or COMMIT: `QueryExecutor(..., session_defaults=True)`.
-    A caller cannot change either (it can send no SET), and RESET returns to them."""
+    A caller cannot change either (it can send no SET), and RESET returns to them.
+
+    The client-side bounds hold when the server cannot enforce its own (stopped, partitioned):
+    `command_timeout_s` on every statement (above the statement timeout, so a running server's
+    400 query_timeout comes first) and `connect_timeout_s` on opening a connection."""
+    command = (
+        command_timeout_s if command_timeout_s is not None else statement_timeout_ms / 1000 + COMMAND_MARGIN_S
+    )
     pool: asyncpg.Pool = await asyncpg.create_pool(
         url,
         min_size=1,
         max_size=max_size,
+        command_timeout=command,
+        timeout=connect_timeout_s,
         server_settings={
             "default_transaction_read_only": "on",
             "statement_timeout": str(int(statement_timeout_ms)),
@@ -138,9 +126,19 @@ class QueryExecutor:
         max_limit: int = MAX_LIMIT,
         *,
         session_defaults: bool = False,
+        acquire_timeout_s: float = DEFAULT_ACQUIRE_TIMEOUT_S,
+        command_timeout_s: float | None = None,
     ) -> None:
         self._pool = pool
         self._timeout_ms = int(statement_timeout_ms)
+        self._acquire_s = acquire_timeout_s
+        command = (
+            command_timeout_s if command_timeout_s is not None else self._timeout_ms / 1000 + COMMAND_MARGIN_S
+        )
+        # a request's whole time on the database: a connection, then at most one command's
+        # bound (the rare count-and-page transaction shares it); past it the request is answered
+        # 503 database_unavailable while the pool finishes with the connection in the background
+        self.bound_s = acquire_timeout_s + command
         self._max_limit = max_limit
         self._one_statement = session_defaults
         self._begin = (
@@ -156,7 +154,7 @@ class QueryExecutor:
         total: int | None = None
         counted = False  # whether the rows carry the total as their last column
         try:
-            async with self._pool.acquire() as conn:
+            async with asyncio.timeout(self.bound_s), self._pool.acquire(timeout=self._acquire_s) as conn:
                 if not self._one_statement:
                     total, rows = await self._in_transaction(conn, sqls, q.params, args, skip_count)
                 elif skip_count:
@@ -178,20 +176,25 @@ class QueryExecutor:
             log.warning("query_database_unavailable", error=type(err).__name__)
             raise _lost() from None
         except asyncpg.InterfaceError as err:
-            if "connection" in str(err).lower():  # "connection is closed", "… was released"
-                raise _lost() from None
-            raise self._failed(err) from None
+            if isinstance(err, ValueError):  # the driver refused a value: the request's failure
+                raise self._failed(err) from None
+            # the driver's state ("connection is closed", "… was released", "another operation
+            # is in progress"): nothing the statement did; the database is not usable now
+            log.warning("query_database_unavailable", error=type(err).__name__)
+            raise _lost() from None
         except asyncpg.PostgresError as err:
+            # the statement failed inside PostgreSQL with an SQL error: the request's failure
             raise self._failed(err) from None
         except UnicodeError:
             # a value the driver could not encode: the request's text, never a lost connection
             log.warning("query_failed", error="UnicodeError")
             raise ServiceError("invalid_text", "the query holds text PostgreSQL cannot take") from None
-        if counted:
-            names = list(rows[0].keys())[:-1]  # the last column is the total (_dp_total)
-            items = [{k: jsonable(r[i]) for i, k in enumerate(names)} for r in rows]
-        else:
-            items = [{k: jsonable(v) for k, v in r.items()} for r in rows]
+        except Exception as err:
+            # any other driver failure: coded and bounded, never a bare 500, and never rows
+            log.error("query_database_unavailable", error=type(err).__name__)
+            raise _lost() from None
+        # a counted page's last column is the total (_dp_total), not the caller's
+        items = page_items(rows, drop_last=counted)
         return QueryPage(items=items, offset=offset, limit=limit, count=len(items), total=total)
 
     async def _in_transaction(
