@@ -106,7 +106,15 @@ def check_doubles(env: dict[str, str]) -> None:
 
 def up_and_check(root: Path, env: dict[str, str] | None = None) -> dict[int, str | None]:
     result = cli(root, "up", "--infra-only", env=env)
-    assert result.returncode == 0, result.stdout + result.stderr
+    try:
+        assert result.returncode == 0, result.stdout + result.stderr
+        return _checked_up(root)
+    except BaseException:
+        cli(root, "down")  # a failed check leaves nothing running (issue 18)
+        raise
+
+
+def _checked_up(root: Path) -> dict[int, str | None]:
     stack_env = read_env(root)
     assert stack_env["KAFKA_ENABLE_IDEMPOTENCE"] == "false"
     # issue 12: fetch waits chosen per consumer for Tansu (short for request/reply, long otherwise)
@@ -132,11 +140,13 @@ def down_and_check(root: Path, running: dict[int, str | None]) -> None:
 def test_up_infra_only_then_down_leaves_no_process_and_second_up_works(tmp_path: Path) -> None:
     root = tmp_path / "stack"
     first = up_and_check(root)
-    names = [p["name"] for p in recorded(root)]
-    assert names == ["kafka", "postgres", "redis", "oidc", "ds-connector", "rec-registry"]
-    again = cli(root, "up", "--infra-only")
-    assert again.returncode == 1 and "already running" in again.stdout
-    down_and_check(root, first)
+    try:
+        names = [p["name"] for p in recorded(root)]
+        assert names == ["kafka", "postgres", "redis", "oidc", "ds-connector", "rec-registry"]
+        again = cli(root, "up", "--infra-only")
+        assert again.returncode == 1 and "already running" in again.stdout
+    finally:
+        down_and_check(root, first)
     second = up_and_check(root)  # the kept PostgreSQL data directory is provisioned again
     assert not first.keys() & second.keys()
     down_and_check(root, second)
