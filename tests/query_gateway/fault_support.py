@@ -1,15 +1,11 @@
-"""Faults for the issue-18 tests: pause a server process (and its children) with SIGSTOP and
-always resume it; poll with a generous deadline; a raw ASGI transport that shows a bare 500."""
+"""Faults for the issue-18 tests (pausing a process: `dataplane_local.procs.paused`): TCP proxies,
+polls with a generous deadline, and a raw ASGI transport that shows a bare 500."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
-from pathlib import Path
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Self
 
 import httpx
@@ -17,41 +13,6 @@ import httpx
 from dataplane_contracts.errors import ERROR_CODES, STATUS
 from dataplane_local.infra import free_port
 from dataplane_local.timeouts import scaled
-
-
-def process_tree(root: int) -> list[int]:
-    """`root` and every descendant (PostgreSQL's backends are the postmaster's children)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(children.get(pid, []))
-    return out
-
-
-@contextlib.contextmanager
-def paused(root: int) -> Iterator[None]:
-    """SIGSTOP the process tree; SIGCONT it whatever happens inside."""
-    pids = process_tree(root)
-    try:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGSTOP)
-        yield
-    finally:
-        for pid in process_tree(root) + pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
 
 
 async def until(check: Callable[[], Awaitable[bool]], what: str, deadline_s: float = 30.0) -> None:
@@ -115,3 +76,25 @@ class TcpProxy:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         raise NotImplementedError
+
+
+async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Bytes from `reader` to `writer` until either side ends; the writer closed after."""
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    except ConnectionError:
+        pass
+    finally:
+        writer.close()
+
+
+class PipeProxy(TcpProxy):
+    """Bytes both ways; leaving it drops every connection and refuses new ones, as a server
+    that went away does."""
+
+    async def _accept(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        upstream_r, upstream_w = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        self._spawn(pipe(client_r, upstream_w))
+        self._spawn(pipe(upstream_r, client_w))

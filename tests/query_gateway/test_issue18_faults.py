@@ -24,16 +24,19 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import httpx
-from fault_support import TcpProxy, coded, paused, raw_client, until
-from gateway_support import AGREEMENT, SEED, World, ds_policy, scratch_database
+from fault_support import PipeProxy, TcpProxy, coded, raw_client, until
+from gateway_support import AGREEMENT, PUBLIC_PEM, SEED, World, ds_policy, pull_token, scratch_database
+from test_dps_pull import grant
 
 from dataplane_contracts.topics import topic_specs
 from dataplane_contracts.topics_cli import create_topics
 from dataplane_local import infra
 from dataplane_local.doubles.ds_connector import DsConnectorDouble
+from dataplane_local.procs import paused
 from dataplane_local.timeouts import scaled
 from query_gateway.app import create_app
 from query_gateway.settings import GatewaySettings
@@ -157,15 +160,17 @@ async def test_issue18_broker_paused_readyz_names_kafka_and_returns(world: World
         settings = world.settings(kafka_bootstrap_servers=kafka.url)
         async with (
             gateway(settings) as gw,
+            gateway(settings) as gw2,  # both replicas, each on its own reply partition
             resolver.router.lifespan_context(resolver),
             raw_client(resolver) as rs,
         ):
-            for name, client in (("gateway", gw), ("resolver", rs)):
+            parts = (("gateway 1", gw), ("gateway 2", gw2), ("resolver", rs))
+            for name, client in parts:
                 await until(lambda c=client: _is(readyz(c), 200), f"{name} ready", 60)
             with paused(kafka.pid):
-                for name, client in (("gateway", gw), ("resolver", rs)):
+                for name, client in parts:
                     await until(lambda c=client: _names_kafka(readyz(c)), f"{name} unready", 30)
-            for name, client in (("gateway", gw), ("resolver", rs)):
+            for name, client in parts:
                 await until(lambda c=client: _is(readyz(c), 200), f"{name} ready again", 60)
     finally:
         kafka.stop()
@@ -211,6 +216,45 @@ async def test_issue18_redis_stopped_the_gateway_stays_ready_and_refuses_lookup_
 
 async def _is_whole(pending: Any) -> bool:
     return bool(await pending == (200, {"status": "ready"}))
+
+
+# ---------------------------------------------------------------------------- flows database
+async def _degraded(pending: Any, named: str) -> bool:
+    status, body = await pending
+    return bool(status == 200 and named in body.get("degraded", []))
+
+
+async def test_issue18_flows_database_refusing_keeps_the_gateway_ready_for_edr(
+    world: World, ds: DsConnectorDouble, flows_url: str
+) -> None:
+    """The flows database is needed only by DPS pulls: when it refuses, the replica stays in the
+    Service (`degraded: [flows_db]`), a pull is `503 database_unavailable`, EDR is served."""
+    ds.set_policy(ds_policy([{"dataset_id": "stats", "row_filter": None}]))
+    target = urlsplit(flows_url)
+    proxy = PipeProxy(target.port or 5432)
+    await proxy.__aenter__()
+    open_ = True
+    try:
+        netloc = target.netloc.replace(f":{target.port}", f":{proxy.port}")
+        through = urlunsplit(target._replace(netloc=netloc))
+        settings = world.settings(
+            dps_enabled=True, dps_token_public_key=PUBLIC_PEM, dps_flows_database_url=through
+        )
+        async with gateway(settings) as client:
+            await until(lambda: _is(readyz(client), 200), "ready", 60)
+            token = {"Authorization": f"Bearer {pull_token(await grant(flows_url))}"}
+            assert (await client.post("/dps/public/query", json=STATS, headers=token)).status_code == 200
+            await proxy.__aexit__(None, None, None)  # connections dropped, new ones refused
+            open_ = False
+            await until(lambda: _degraded(readyz(client), "flows_db"), "degraded", 30)
+            pulled = await client.post("/dps/public/query", json=STATS, headers=token)
+            assert coded(pulled) == (503, "database_unavailable")
+            edr = await client.post("/query", json=STATS, headers=_edr(world))
+            assert edr.status_code == 200, edr.text
+            assert [r["id"] for r in edr.json()["items"]]
+    finally:
+        if open_:
+            await proxy.__aexit__(None, None, None)
 
 
 # ---------------------------------------------------------------------------- keep-alive

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 from aiokafka.errors import KafkaError
-from fault_support import TcpProxy
+from fault_support import TcpProxy, pipe
 from gateway_support import (
     AUDIENCE,
     CLIENT_ID,
@@ -92,7 +92,7 @@ class HoldingProxy(TcpProxy):
     async def _accept(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         upstream_r, upstream_w = await asyncio.open_connection("127.0.0.1", self.upstream_port)
         self._spawn(self._requests(client_r, upstream_w))
-        self._spawn(self._pipe(upstream_r, client_w))
+        self._spawn(pipe(upstream_r, client_w))
 
     async def _requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -105,16 +105,6 @@ class HoldingProxy(TcpProxy):
                 writer.write(size + body)
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while data := await reader.read(65536):
-                writer.write(data)
-                await writer.drain()
-        except ConnectionError:
             pass
         finally:
             writer.close()

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -202,3 +203,40 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(5)
+
+
+def descendants(root: int) -> list[int]:
+    """`root` and every descendant by parent pid (PostgreSQL's backends are the postmaster's
+    children) — not its session, which may hold the caller."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+@contextlib.contextmanager
+def paused(root: int) -> Iterator[None]:
+    """SIGSTOP a process and its descendants (a fault for tests: a server that stops answering);
+    SIGCONT them whatever happens inside."""
+    pids = descendants(root)
+    try:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        yield
+    finally:
+        for pid in descendants(root) + pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
