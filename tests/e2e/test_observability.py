@@ -23,7 +23,8 @@ TRACED = {"query-gateway", "filter-resolver", "audit-relay"}
 # What each service must contribute to the trace of that query, by instrumentation scope: incoming
 # HTTP, SQL, Redis, outgoing HTTP and Kafka, each where the service does that work for the query.
 SCOPES = {
-    "query-gateway": {"fastapi", "httpx", "asyncpg", "redis", "aiokafka"},
+    # the query routes' server span comes from the plain door (`dataplane.server`), not the instrumentor
+    "query-gateway": {"dataplane.server", "httpx", "asyncpg", "redis", "aiokafka"},
     "filter-resolver": {"aiokafka", "redis", "httpx"},
     "audit-relay": {"aiokafka", "aiohttp"},  # its posts to ds go over aiohttp
 }

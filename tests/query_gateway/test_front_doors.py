@@ -114,3 +114,96 @@ async def test_qe01_plain_door_passes_on_what_it_must_not_decide() -> None:
         ("/query", b""),
         ("/dps/public/query", b'{"sql": "SELECT 1"}'),
     ]
+
+
+async def test_qe01_a_body_over_the_limit_is_passed_on_whole_for_the_framework_to_refuse() -> None:
+    """The plain door stops reading once the body passes the limit and hands FastAPI what it
+    read followed by the rest, so FastAPI's body limit (413 body_too_large) decides, as before."""
+    inner = _Inner()
+    door = QueryRoutes(inner, dps_enabled=False, max_bytes=16)
+    chunks = [b'{"sql": "SELECT ', b"1 FROM stats WHERE id = 1", b'"}']
+    await _through(door, "/query", chunks, b"application/json")
+    await _through(door, "/query", [b'{"sql": "SELECT 1 FROM stats"}'], b"application/json")
+    assert inner.seen == [
+        ("/query", b'{"sql": "SELECT 1 FROM stats WHERE id = 1"}'),
+        ("/query", b'{"sql": "SELECT 1 FROM stats"}'),
+    ]
+
+
+async def test_qe01_a_declared_length_over_the_limit_is_passed_on_unread() -> None:
+    reads: list[Message] = []
+
+    async def receive() -> Message:
+        message: Message = {"type": "http.request", "body": b"{}", "more_body": False}
+        reads.append(message)
+        return message
+
+    async def send(_: Message) -> None:
+        return None
+
+    handed: list[Scope] = []
+
+    async def inner(scope: Scope, _receive: Receive, _send: Send) -> None:
+        handed.append(scope)
+
+    door = QueryRoutes(inner, dps_enabled=False, max_bytes=16)
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"17")]
+    await door({"type": "http", "method": "POST", "path": "/query", "headers": headers}, receive, send)
+    assert len(handed) == 1 and reads == []
+
+
+TRACE = "0af7651916cd43dd8448eb211c80319c"
+PARENT = "b7ad6b7169203331"
+
+
+@pytest.mark.parametrize(("status", "error"), [(200, False), (403, False), (503, True)])
+async def test_qe01_the_plain_door_starts_the_server_span_in_the_callers_trace(
+    status: int, error: bool
+) -> None:
+    """A request the plain door answers gets its SERVER span there (the instrumentor's middleware
+    never sees it): child of the caller's traceparent, named by method and route, the status set,
+    a 5xx an error."""
+    from types import SimpleNamespace
+
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import SpanKind, StatusCode
+    from starlette.responses import Response
+
+    from dataplane_service_kit.errors import ServiceError
+    from dataplane_service_kit.telemetry import SERVER_SCOPE, ServerSpans
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    door = QueryRoutes(
+        _Inner(), dps_enabled=False, spans=ServerSpans({}, provider), state=SimpleNamespace(gateway=None)
+    )
+
+    async def answer(_gw: object, headers: Any, _body: object) -> Response:
+        assert headers["traceparent"].startswith("00-" + TRACE)
+        if status == 503:
+            raise ServiceError("audit_unavailable", "disclosure could not be recorded; no rows served")
+        return Response(b"{}", status_code=status, media_type="application/json")
+
+    door.routes["/query"] = answer
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b'{"sql": "SELECT 1"}', "more_body": False}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    headers = [(b"content-type", b"application/json"), (b"traceparent", f"00-{TRACE}-{PARENT}-01".encode())]
+    await door({"type": "http", "method": "POST", "path": "/query", "headers": headers}, receive, send)
+    assert sent[0]["status"] == status
+    [span] = exporter.get_finished_spans()
+    assert span.instrumentation_scope is not None and span.instrumentation_scope.name == SERVER_SCOPE
+    assert (span.name, span.kind) == ("POST /query", SpanKind.SERVER)
+    assert format(span.context.trace_id, "032x") == TRACE
+    assert span.parent is not None and format(span.parent.span_id, "016x") == PARENT
+    assert span.attributes is not None and span.attributes["http.response.status_code"] == status
+    assert span.attributes["http.route"] == "/query"
+    assert (span.status.status_code == StatusCode.ERROR) is error

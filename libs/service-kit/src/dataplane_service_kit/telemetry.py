@@ -14,9 +14,10 @@ The standard variables honoured, and how:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from fastapi import FastAPI
@@ -25,6 +26,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from dataplane_service_kit.settings import ConfigurationError
 
@@ -148,6 +150,47 @@ def instrument_app(app: FastAPI) -> None:
     FastAPIInstrumentor.instrument_app(
         app, excluded_urls="healthz,readyz,metrics", exclude_spans=["receive", "send"]
     )
+
+
+# the instrumentation scope of the server spans a plain ASGI door starts itself (ServerSpans)
+SERVER_SCOPE = "dataplane.server"
+
+
+class ServerSpans:
+    """The SERVER span of a request that a service's plain ASGI door answers itself, without the
+    framework and so without the instrumentor's middleware: the caller's W3C context extracted
+    from the headers, the method and route, the status when the answer is known. Nothing at all
+    when the SDK is disabled, as `instrument_app` installs nothing then."""
+
+    def __init__(
+        self, environ: Mapping[str, str] | None = None, provider: trace.TracerProvider | None = None
+    ) -> None:
+        env = os.environ if environ is None else environ
+        self._tracer = None if sdk_disabled(env) else trace.get_tracer(SERVER_SCOPE, tracer_provider=provider)
+
+    @contextlib.contextmanager
+    def span(self, method: str, route: str, headers: Mapping[str, str]) -> Iterator[Span | None]:
+        """`headers`: lower-case names, one value each (what the W3C propagator reads)."""
+        if self._tracer is None:
+            yield None
+            return
+        with self._tracer.start_as_current_span(
+            f"{method} {route}",
+            context=propagate.extract(headers),
+            kind=SpanKind.SERVER,
+            attributes={"http.request.method": method, "http.route": route, "url.path": route},
+        ) as span:
+            yield span
+
+
+def answered(span: Span | None, status: int) -> None:
+    """The response status on a server span; a 5xx marks the span as an error, as the ASGI
+    instrumentation does."""
+    if span is None:
+        return
+    span.set_attribute("http.response.status_code", status)
+    if status >= 500:
+        span.set_status(Status(StatusCode.ERROR))
 
 
 def shutdown_telemetry() -> None:

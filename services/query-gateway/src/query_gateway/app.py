@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dataplane_contracts.catalogue import load_catalogue
 from dataplane_service_kit.errors import install_error_handlers
@@ -21,13 +22,14 @@ from dataplane_service_kit.health import ReadinessCheck, health_router
 from dataplane_service_kit.limits import BodyLimit
 from dataplane_service_kit.logs import get_logger
 from dataplane_service_kit.readiness import CachedProbe
-from dataplane_service_kit.telemetry import FASTAPI_TELEMETRY
+from dataplane_service_kit.telemetry import FASTAPI_TELEMETRY, ServerSpans
 from query_gateway.connector import ConnectorClient, connector_http, service_tokens
 from query_gateway.disclosure import DisclosurePublisher
 from query_gateway.gateway import Gateway
 from query_gateway.identity import OidcVerifier
 from query_gateway.plan_client import PlanClient
 from query_gateway.pull import PullVerifier
+from query_gateway.pull import flows_pool as flows_pool_of
 from query_gateway.routes import QueryRoutes, body_refusals, dps_router, query_router
 from query_gateway.settings import GatewaySettings
 from query_gateway.sql import QueryExecutor, load_column_types
@@ -85,16 +87,10 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         flows_pool: asyncpg.Pool | None = None
         if settings.dps_enabled:
             assert settings.dps_flows_database_url and settings.dps_token_public_key  # settings
-            flows_pool = await asyncpg.create_pool(
-                settings.dps_flows_database_url,
-                min_size=1,
-                max_size=5,
-                command_timeout=settings.dps_grant_timeout_ms / 1000,
-                timeout=settings.dps_grant_timeout_ms / 1000,
-            )
+            flows_pool = await flows_pool_of(settings.dps_flows_database_url, settings.dps_grant_timeout_s)
             stack.push_async_callback(flows_pool.close)
             pull = PullVerifier(
-                settings.dps_token_public_key, flows_pool, timeout_s=settings.dps_grant_timeout_ms / 1000
+                settings.dps_token_public_key, flows_pool, timeout_s=settings.dps_grant_timeout_s
             )
         gw = Gateway(
             settings=settings,
@@ -141,7 +137,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             fp = flows_pool
 
             async def flows_ok() -> bool:
-                return bool(await fp.fetchval("SELECT 1", timeout=settings.dps_grant_timeout_ms / 1000))
+                return bool(await fp.fetchval("SELECT 1", timeout=settings.dps_grant_timeout_s))
 
             capabilities["flows_db"] = flows_ok
         app.state.gateway = gw
@@ -161,8 +157,21 @@ async def _bounded_stop(producer: AIOKafkaProducer) -> None:
         await asyncio.wait_for(producer.stop(), 10)
 
 
+class GatewayApp(FastAPI):
+    """The FastAPI app behind the query routes' plain door: every request meets `door` first
+    (routes.py), which answers the well-formed query requests and hands the rest to FastAPI."""
+
+    door: ASGIApp
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.door(scope, receive, send)
+
+    async def framework(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await super().__call__(scope, receive, send)
+
+
 def create_app(settings: GatewaySettings) -> FastAPI:
-    app = FastAPI(
+    app = GatewayApp(
         title="query-gateway",
         lifespan=_lifespan,
         docs_url=None,
@@ -176,9 +185,15 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     # a body that is not JSON at all (invalid UTF-8 among others) is 400 invalid_body: refused
     # before anything reads it, like a NUL or a lone surrogate in the statement
     install_error_handlers(app, "invalid_request", "invalid_body")
-    # the query routes' plain-ASGI front door (routes.py), inside the body limit (added after it
-    # is outside it): a well-formed request is answered there without FastAPI's router
-    app.add_middleware(QueryRoutes, dps_enabled=settings.dps_enabled)
+    # the query routes' plain-ASGI front door (routes.py), in front of everything FastAPI adds:
+    # a well-formed request is answered there; what it passes on meets the body limit below
+    app.door = QueryRoutes(
+        app.framework,
+        settings.dps_enabled,
+        max_bytes=settings.query_max_body_bytes,
+        spans=ServerSpans(),
+        state=app.state,
+    )
     # before any route reads the body: FastAPI decodes it before the handler runs
     app.add_middleware(
         BodyLimit, max_bytes=settings.query_max_body_bytes, refused=body_refusals(settings.dps_enabled)

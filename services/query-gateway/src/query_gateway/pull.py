@@ -21,6 +21,7 @@ from dataplane_contracts.dps import (
 )
 from dataplane_service_kit.errors import ServiceError
 from dataplane_service_kit.logs import get_logger
+from query_gateway.sql.execute import rolled_back_only
 from query_gateway.verified import VerifiedTokens, exp_of, memoisable
 
 
@@ -61,6 +62,22 @@ DEFAULT_GRANT_TIMEOUT_S = 2.0
 
 # a constant view name; the token id is a bound parameter
 _GRANT_SQL = f"SELECT {', '.join(PULL_GRANT_COLUMNS[1:])} FROM {PULL_GRANT_VIEW} WHERE token_id = $1"  # noqa: S608
+
+
+async def flows_pool(url: str, timeout_s: float) -> asyncpg.Pool:
+    """The pull-grant reads' pool: every bound `timeout_s`, read-only sessions, and no reset
+    query on release (the read leaves no session state; the default reset is a second round trip
+    on every pull)."""
+    pool: asyncpg.Pool = await asyncpg.create_pool(
+        url,
+        min_size=1,
+        max_size=5,
+        command_timeout=timeout_s,
+        timeout=timeout_s,
+        server_settings={"default_transaction_read_only": "on"},
+        reset=rolled_back_only,
+    )
+    return pool
 
 
 class PullVerifier:

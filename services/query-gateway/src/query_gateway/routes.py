@@ -2,18 +2,19 @@
 `POST /query/plan` (normal path only) and `POST /dps/public/query` (DPS-09).
 
 Each route is one `answer_*` function over the request's headers and body. Two front doors call
-them: `QueryRoutes`, a plain ASGI middleware that serves every well-formed request without
-FastAPI's router, dependency resolution and request objects (about a fifth of a request's CPU),
-and the FastAPI routes, which see only what `QueryRoutes` passes on — a body that is not a JSON
-object of the expected fields, another content type — so every refusal of a malformed request
-keeps the framework's rendering exactly."""
+them: `QueryRoutes`, plain ASGI in front of the whole FastAPI app, which serves every well-formed
+request without FastAPI's middleware, router, dependency resolution and request objects, and
+starts the request's server span itself; and the FastAPI routes, which see only what
+`QueryRoutes` passes on — a body that is not a JSON object of the expected fields, another
+content type, a body over the limit — so every refusal of a malformed request keeps the
+framework's rendering exactly."""
 
 from __future__ import annotations
 
 import re
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import orjson
 from fastapi import APIRouter, Header, Request
@@ -23,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dataplane_service_kit.errors import ServiceError, error_response
 from dataplane_service_kit.logs import get_logger
+from dataplane_service_kit.telemetry import ServerSpans, answered
 from query_gateway.access_log import QUERY_ACTION, TOKEN_ACTION, AccessContext
 from query_gateway.connector import resolve_connector
 from query_gateway.dataspace import DataspaceRequest, parse_purpose, run_dataspace
@@ -211,10 +213,13 @@ def _json_media(content_type: str | None) -> bool:
     return content_type.partition(";")[0].strip().lower() == "application/json"
 
 
-def _well_formed(raw: bytes, headers: Headers) -> QueryBody | None:
+def _well_formed(raw: bytes, headers: Headers, max_bytes: int | None = None) -> QueryBody | None:
     """The body as FastAPI would bind it, or None for anything FastAPI would refuse or decide
-    differently (not JSON, an empty body, a JSON value orjson reads otherwise, a field error)."""
+    differently (not JSON, an empty body, one over the limit, a JSON value orjson reads
+    otherwise, a field error)."""
     if not raw or not _json_media(headers.get("content-type")):
+        return None
+    if max_bytes is not None and len(raw) > max_bytes:
         return None
     try:
         value = orjson.loads(raw)
@@ -229,48 +234,80 @@ def _well_formed(raw: bytes, headers: Headers) -> QueryBody | None:
 
 
 class QueryRoutes:
-    """ASGI middleware: a well-formed POST to a query route is answered here; everything else —
-    other routes and methods, and a body FastAPI must refuse in its own words — goes on to the
-    app with its body replayed. Sits inside `BodyLimit`, which bounds the body first."""
+    """The gateway's outermost ASGI layer: a well-formed POST to a query route is answered here,
+    with a server span of its own (`ServerSpans`) — no framework middleware, routing, dependency
+    resolution or request objects; everything else — other routes and methods, a body FastAPI
+    must refuse in its own words, a body over `max_bytes` — goes on to `app` (the FastAPI app
+    with its middleware, its body limit and its instrumentation) with what was read replayed."""
 
-    def __init__(self, app: ASGIApp, dps_enabled: bool) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        dps_enabled: bool,
+        *,
+        max_bytes: int | None = None,
+        spans: ServerSpans | None = None,
+        state: Any = None,
+    ) -> None:
         self.app = app
         self.routes = _routes(dps_enabled)
+        self.max_bytes = max_bytes
+        self.spans = spans or ServerSpans({"OTEL_SDK_DISABLED": "true"})
+        self.state = state  # where `gateway` is set by the lifespan (the FastAPI app's state)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         answer = self.routes.get(scope["path"]) if scope["type"] == "http" else None
-        if answer is None or scope["method"] != "POST":
+        if answer is None or scope["method"] != "POST" or self._declared_too_large(scope):
             await self.app(scope, receive, send)
             return
-        raw = await _read_body(receive)
-        if raw is None:
+        read = await _read_body(receive, self.max_bytes)
+        if read is None:
             return  # the client went away before its body was complete: nobody to answer
+        raw, more = read
         headers = _headers(scope)
-        body = _well_formed(raw, headers)
+        body = None if more else _well_formed(raw, headers, self.max_bytes)
         if body is None:
-            await self.app(scope, _replay(raw, receive), send)
+            await self.app(scope, _replay(raw, more, receive), send)
             return
-        gw: Gateway = scope["app"].state.gateway
-        try:
-            response = await answer(gw, headers, body)
-        except ServiceError as exc:
-            response = error_response(exc.code, exc.detail, exc.headers)
-        await response(scope, receive, send)
+        gw: Gateway = (self.state or scope["app"].state).gateway
+        route = scope["path"]
+        with self.spans.span("POST", route, headers) as span:
+            try:
+                response = await answer(gw, headers, body)
+            except ServiceError as exc:
+                response = error_response(exc.code, exc.detail, exc.headers)
+            answered(span, response.status_code)
+            await response(scope, receive, send)
+
+    def _declared_too_large(self, scope: Scope) -> bool:
+        if self.max_bytes is None:
+            return False
+        for name, value in scope.get("headers", ()):
+            if name.lower() == b"content-length":
+                return value.isdigit() and int(value) > self.max_bytes
+        return False
 
 
-async def _read_body(receive: Receive) -> bytes | None:
+async def _read_body(receive: Receive, max_bytes: int | None) -> tuple[bytes, bool] | None:
+    """The body and whether more of it is still to come: reading stops once it passes
+    `max_bytes` (the framework's body limit then refuses it); None when the client left."""
     chunks: list[bytes] = []
+    size = 0
     while True:
         message = await receive()
         if message["type"] != "http.request":
             return None
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return b"".join(chunks)
+        chunk: bytes = message.get("body", b"")
+        chunks.append(chunk)
+        size += len(chunk)
+        more = bool(message.get("more_body", False))
+        if not more or (max_bytes is not None and size > max_bytes):
+            return b"".join(chunks), more
 
 
-def _replay(raw: bytes, receive: Receive) -> Receive:
-    pending: Message | None = {"type": "http.request", "body": raw, "more_body": False}
+def _replay(raw: bytes, more: bool, receive: Receive) -> Receive:
+    """What was read, as one message, then the rest as the server sends it."""
+    pending: Message | None = {"type": "http.request", "body": raw, "more_body": more}
 
     async def replay() -> Message:
         nonlocal pending

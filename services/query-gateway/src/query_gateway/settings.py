@@ -82,6 +82,10 @@ class GatewaySettings(
             raise ValueError("DATABASE_COMMAND_TIMEOUT_MS must exceed QUERY_STATEMENT_TIMEOUT_MS")
         return self
 
+    @property
+    def dps_grant_timeout_s(self) -> float:
+        return self.dps_grant_timeout_ms / 1000
+
     @model_validator(mode="after")
     def _dps_complete(self) -> GatewaySettings:
         if self.dps_enabled:

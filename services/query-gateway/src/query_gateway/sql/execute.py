@@ -70,11 +70,12 @@ def _lost() -> ServiceError:
     return ServiceError("database_unavailable", "Database connection lost, retry the query")
 
 
-async def _rolled_back_only(conn: asyncpg.Connection) -> None:
+async def rolled_back_only(conn: asyncpg.Connection) -> None:
     """The pool's reset on release: asyncpg rolls back an open transaction before calling this,
-    and nothing more is needed — a verified statement is one SELECT of allowlisted functions, so
-    it can leave no session state (no SET, LISTEN, cursor, advisory lock or temporary table).
-    The default reset (`RESET ALL` and more) would be a second round trip on every request."""
+    and nothing more is needed — a verified statement (and the pull-grant read) is one SELECT of
+    allowlisted functions, so it can leave no session state (no SET, LISTEN, cursor, advisory
+    lock or temporary table). The default reset (`RESET ALL` and more) would be a second round
+    trip on every request."""
 
 
 async def datasets_pool(
@@ -105,7 +106,7 @@ async def datasets_pool(
             "default_transaction_read_only": "on",
             "statement_timeout": str(int(statement_timeout_ms)),
         },
-        reset=_rolled_back_only,
+        reset=rolled_back_only,
     )
     return pool
 
