@@ -19,7 +19,7 @@ import yaml
 
 from dataplane_local import infra, provision
 from dataplane_local.demo import DEMO_CONSUMER, StackInfo
-from dataplane_local.stack import DEPLOY_LOCAL, Stack
+from dataplane_local.stack import DEPLOY_LOCAL, PORTS_ENV, Stack
 
 TABLE = "bench_readings"
 INDEX = "bench_readings_pod_idx"
@@ -202,6 +202,8 @@ class Environment:
         cat = self.root / "catalogue.yaml"
         cat.write_text(yaml.safe_dump(catalogue(), sort_keys=False))
         os.environ["DATAPLANE_DATABASE_URL"] = self.pg.url  # the stack provisions over this server
+        # free ports only: a bench beside a developer stack or a test suite must not meet theirs
+        os.environ.setdefault(PORTS_ENV, "any")
         self.stack = Stack(self.root / "stack", log=self.log, env_overrides={"CATALOGUE_PATH": str(cat)})
         rc = await asyncio.to_thread(self.stack.up, False, False, 120.0, 2, 1)
         if rc != 0:

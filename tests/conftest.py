@@ -21,6 +21,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from dataplane_local import infra
+from dataplane_local.stack import PORTS_ENV
 from dataplane_local.timeouts import timeout_factor
 
 SERVICE_MODES: dict[str, str] = {}
@@ -45,6 +46,9 @@ def _docker_ok() -> bool:
 def pytest_configure(config: pytest.Config) -> None:
     """pytest-timeout's limit (ini or PYTEST_TIMEOUT) times the factor; `--timeout` given on the
     command line is taken as it is."""
+    # every stack a test starts takes free ports, never the developer stack's preferred ones: a
+    # second suite (or a bench) running beside this one must not meet this one's services
+    os.environ.setdefault(PORTS_ENV, "any")
     factor = timeout_factor()
     if factor != 1 and config.getoption("timeout", None) is None:
         base = os.environ.get("PYTEST_TIMEOUT") or config.getini("timeout")

@@ -85,7 +85,16 @@ def missing_services(scripts: list[str] | None = None) -> dict[str, str]:
     return missing
 
 
+# `any`: every port of a stack is a free one the kernel picks, never the preferred ones. Tests and
+# benches set it: two stacks started at once (two suites, a bench beside a suite) would each see
+# a preferred port free, then one of them would fail to bind it — or check the other's service
+# for readiness and take it as its own
+PORTS_ENV = "DATAPLANE_LOCAL_PORTS"
+
+
 def _pick_port(preferred: int) -> int:
+    if os.environ.get(PORTS_ENV, "").strip().lower() == "any":
+        return infra.free_port()
     with socket.socket() as s:
         try:
             s.bind(("127.0.0.1", preferred))
