@@ -23,6 +23,7 @@ ErrorCode = Literal[
     "invalid_token",
     "provider_not_served",
     "pull_token",
+    "pull_token_expired",
     "policy",
     "not_available",
     "not_offered",
@@ -69,6 +70,7 @@ STATUS: dict[str, int] = {
     "invalid_token": 401,
     "provider_not_served": 401,
     "pull_token": 401,
+    "pull_token_expired": 401,  # an http-pull access token past its exp: renew it
     "no_token": 401,
     "policy": 403,
     "not_available": 403,

@@ -1,10 +1,15 @@
 """DPS-09: the pull token, verified with signaling's public key and looked up in the pull-grant
 view on every request (never cached: a retired token is refused from the moment it retired). Only
-the token's signature check is memoised (query_gateway.verified); the grant never is."""
+the token's signature check is memoised (query_gateway.verified); the grant never is.
+
+Two kinds of token: DPS-06's (no `exp`, the flow's facts held only against the `jti`) and the
+http-pull profile's access token (an `exp`, checked here, and claims naming the flow, which must
+agree with the grant)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -16,6 +21,7 @@ from dataplane_contracts.dps import (
     PULL_GRANT_COLUMNS,
     PULL_GRANT_VIEW,
     PULL_TOKEN_ALGORITHM,
+    AccessTokenClaims,
     FlowState,
     PullTokenClaims,
 )
@@ -89,9 +95,12 @@ class PullVerifier:
         self._timeout = timeout_s
         # the signature check and claim parsing of a token seen before; the key is fixed for the
         # process. Only the signature is memoised: the grant is read on every request (below)
-        self._verified: VerifiedTokens[PullTokenClaims] = VerifiedTokens()
+        self._verified: VerifiedTokens[PullTokenClaims | AccessTokenClaims] = VerifiedTokens()
 
-    def claims(self, token: str | None) -> PullTokenClaims:
+    def claims(self, token: str | None) -> PullTokenClaims | AccessTokenClaims:
+        """The token's claims once its signature verified; an access token past its `exp` is
+        `pull_token_expired` (the memo never serves an entry at or after its `exp`, so an expired
+        token always reaches the check below)."""
         if token is None:
             raise ServiceError("pull_token", "a pull needs the token from the data address")
         memo = self._verified.get(token)
@@ -104,9 +113,13 @@ class PullVerifier:
                 algorithms=[PULL_TOKEN_ALGORITHM],
                 options={"verify_aud": False, "verify_exp": False, "require": ["jti", "iss", "sub", "aud"]},
             )
-            claims = PullTokenClaims.model_validate(raw)
+            claims: PullTokenClaims | AccessTokenClaims = (
+                AccessTokenClaims.model_validate(raw) if "exp" in raw else PullTokenClaims.model_validate(raw)
+            )
         except (jwt.PyJWTError, ValidationError, ValueError):
             raise ServiceError("pull_token", "pull token is not valid") from None
+        if isinstance(claims, AccessTokenClaims) and claims.exp <= time.time():
+            raise ServiceError("pull_token_expired", "the access token has expired: renew it")
         if memoisable(raw):
             self._verified.put(token, claims, self._key, exp_of(raw))
         return claims
@@ -144,9 +157,9 @@ class PullVerifier:
         grant = await self.grant(claims.jti)
         if grant is None:
             raise ServiceError("pull_token", "pull token is not live")
-        matches = claims.aud == grant.counter_party_id and claims.iss == grant.participant_id
+        consumer, matches = _holder(claims, grant)
         if matches and identified is not None:
-            identified(claims.aud, grant.agreement_id)
+            identified(consumer, grant.agreement_id)
         if grant.state != FlowState.STARTED.value:
             raise ServiceError("flow_not_started", f"data flow is {grant.state}")
         if not matches:
@@ -154,8 +167,23 @@ class PullVerifier:
         if agreement_header and agreement_header != grant.agreement_id:
             raise ServiceError("agreement_mismatch", "the agreement header does not match the data flow")
         return VerifiedPull(
-            consumer=claims.aud,
+            consumer=consumer,
             provider=grant.participant_id,
             agreement_id=grant.agreement_id,
             flow_id=grant.flow_id,
         )
+
+
+def _holder(claims: PullTokenClaims | AccessTokenClaims, grant: PullGrant) -> tuple[str, bool]:
+    """The consumer the token names, and whether everything it claims agrees with its grant."""
+    if isinstance(claims, AccessTokenClaims):
+        agrees = (
+            claims.sub == grant.counter_party_id
+            and claims.iss == grant.participant_id
+            and claims.aud == grant.participant_id
+            and claims.data_flow_id == grant.flow_id
+            and claims.dataset_id == grant.dataset_id
+            and claims.agreement_id == grant.agreement_id
+        )
+        return claims.sub, agrees
+    return claims.aud, claims.aud == grant.counter_party_id and claims.iss == grant.participant_id

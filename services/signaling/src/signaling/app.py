@@ -53,10 +53,11 @@ def _build_dps(settings: Settings, state: AppState) -> Dps:
     return Dps(
         flows=FlowService(
             state.engine,
-            PullTokenSigner(key, settings.dps_token_key_id),
+            PullTokenSigner(key, settings.dps_token_key_id, settings.dps_token_ttl_seconds),
             settings.dps_public_url,
             list(settings.dps_transfer_types),
             on_commit=relay.wake if relay is not None else (lambda: None),
+            refresh_endpoint=settings.refresh_endpoint(),
         ),
         verifier=JwtVerifier(
             state.http,

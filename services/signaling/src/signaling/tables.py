@@ -39,6 +39,7 @@ data_flows = Table(
     Column("metadata", JSON, nullable=False),
     Column("data_address", JSON, nullable=True),
     Column("token_id", String(64), nullable=True, unique=True),
+    Column("refresh_hash", String(64), nullable=True, unique=True),  # http-pull: a digest only
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
 )
