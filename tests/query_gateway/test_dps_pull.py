@@ -139,6 +139,27 @@ async def test_dps09_an_agreement_header_naming_another_agreement_is_403(
     ).status_code == 200
 
 
+@pytest.fixture(scope="module", autouse=True)
+async def first_uses(flows_url: str) -> str:
+    """Signaling's first-use function in this module's stand-in for the view, recording each call
+    (the real one promotes a renewal's pending pair: tests/signaling/test_http_pull_renewal.py)."""
+    conn = await asyncpg.connect(flows_url)
+    await conn.execute(
+        "CREATE TABLE IF NOT EXISTS first_uses (token_id text);"
+        "CREATE OR REPLACE FUNCTION dps_pull_token_used(t text) RETURNS void LANGUAGE sql"
+        " AS 'INSERT INTO first_uses VALUES (t)'"
+    )
+    await conn.close()
+    return flows_url
+
+
+async def used(flows_url: str, jti: str) -> int:
+    conn = await asyncpg.connect(flows_url)
+    n: int = await conn.fetchval("SELECT count(*) FROM first_uses WHERE token_id = $1", jti)
+    await conn.close()
+    return n
+
+
 def access_token(jti: str, ttl: int = 300, alg: str = "ES256", **over: Any) -> str:
     """An http-pull access token as signaling issues it, for the grant `grant(...)` seeded."""
     now = int(time.time())
@@ -167,6 +188,23 @@ async def test_http_pull_a_live_access_token_pulls_as_its_subject(
     assert r.json()["items"] == [{"id": 1}, {"id": 2}]
     [call] = ds.calls("authorize")
     assert call.body["consumer_did"] == CONSUMER and call.body["agreement_id"] == AGREEMENT
+    # its first use is reported to signaling once per replica, not per request
+    assert (await pull(pull_client, access_token(jti))).status_code == 200
+    assert await used(flows_url, jti) == 1
+
+
+async def test_http_pull_a_refused_pull_is_no_use_of_the_token(
+    pull_client: httpx.AsyncClient, flows_url: str, ds: DsConnectorDouble
+) -> None:
+    jti = await grant(flows_url, state="SUSPENDED")
+    refused(await pull(pull_client, access_token(jti)), 403, "flow_not_started")
+    other = await grant(flows_url)
+    refused(
+        await pull(pull_client, access_token(other), **{"Edc-Contract-Agreement-Id": "agr-x"}),
+        403,
+        "agreement_mismatch",
+    )
+    assert await used(flows_url, jti) == 0 and await used(flows_url, other) == 0
 
 
 async def test_http_pull_an_expired_access_token_is_401_with_its_own_code(

@@ -350,6 +350,10 @@ PULL_GRANT_COLUMNS: tuple[str, ...] = (
     "counter_party_id",
 )
 DEFAULT_PULL_GRANT_ROLE = "dataplane_pull_reader"
+PULL_TOKEN_USED_FUNCTION = "dps_pull_token_used"
+"""`dps_pull_token_used(token_id text)`: what the gateway calls on an http-pull access token's
+first use (the read role's only write): a renewal's pending pair becomes the current one, and the
+pair it replaces is dead from then on. A no-op for any other token."""
 
 # ---------------------------------------------------------------- flow event (dataplane.dps.flow-events)
 

@@ -101,7 +101,13 @@ class FlowService:
 
     @staticmethod
     def _pair_values(pair: TokenPair) -> dict[str, Any]:
-        return {"token_id": pair.access_id, "refresh_hash": pair.refresh_hash}
+        # a new pair replaces whatever renewal was pending
+        return {
+            "token_id": pair.access_id,
+            "refresh_hash": pair.refresh_hash,
+            "pending_token_id": None,
+            "pending_refresh_hash": None,
+        }
 
     def _pair_address(self, pair: TokenPair) -> DataAddress:
         return http_pull_data_address(
@@ -139,6 +145,8 @@ class FlowService:
             "data_address": None,
             "token_id": None,
             "refresh_hash": None,
+            "pending_token_id": None,
+            "pending_refresh_hash": None,
         }
 
     @staticmethod
@@ -201,8 +209,9 @@ class FlowService:
                 raise _not_found()
             if signal == "terminate" and flow.state is FlowState.TERMINATED:
                 return  # idempotent: nothing changes, no event
-            # the access token and (http-pull) its refresh token die together
-            retired = {"token_id": None, "refresh_hash": None}
+            # the access token and (http-pull) its refresh token die together, and any renewal's
+            # pending pair with them
+            retired = dict.fromkeys(("token_id", "refresh_hash", "pending_token_id", "pending_refresh_hash"))
             await self._commit_transition(conn, flow, signal, target, retired)
         self._on_commit()
         if flow.token_id is not None:

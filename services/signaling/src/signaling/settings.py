@@ -90,6 +90,8 @@ class Settings(HttpSettings, KafkaSettings, OidcSettings):
     # (the `refreshEndpoint` is this + /dps/token; unset: DPS_SIGNALING_URL)
     dps_token_ttl_seconds: int = Field(default=300, ge=1)
     dps_refresh_url: str | None = None
+    # for tests and the local doubles only: did:web documents over plain HTTP and on a port
+    dps_did_web_allow_http: bool = False
     dps_pull_grant_role: str = DEFAULT_PULL_GRANT_ROLE
 
     celine_oidc_jwks_min_refetch_seconds: float = Field(default=10.0, ge=0)
