@@ -259,7 +259,6 @@ async def test_renewal_refusals_are_coded_audited_and_change_nothing(
     access, refresh = await _renewed(app, consumer, flow.refresh, flow.access, used)
     await _pulls(replicas[0], access)  # the current pair is (access, refresh) from here on
     other = did_host.identity("someone-else")
-    unknown = DidIdentity(f"did:web:{did_host.host}:nobody", "key-1", ec.generate_private_key(ec.SECP256R1()))
     forger = ec.generate_private_key(ec.SECP256R1())
     cases: list[tuple[str, str | None, int, str, str | None]] = [
         # (name, client JWT, status, code, the DID the audit record names)
@@ -270,13 +269,13 @@ async def test_renewal_refusals_are_coded_audited_and_change_nothing(
             "client_jwt_invalid",
             None,
         ),
-        ("unknown DID", unknown.client_jwt(aud=PROVIDER, token=access), 401, "client_did_unresolvable", None),
         (
+            # refused before its DID is resolved: only the counter-party's document is fetched
             "not the counter-party",
             other.client_jwt(aud=PROVIDER, token=access),
             401,
             "client_not_counter_party",
-            other.did,
+            None,
         ),
         (
             "replayed jti",
@@ -342,6 +341,26 @@ async def test_renewal_refusals_are_coded_audited_and_change_nothing(
     assert (await _snapshot(app, flow))[0] == before[0]
     await _pulls(replicas[1], access)
     await _renewed(app, consumer, refresh, access)
+
+
+async def test_renewal_a_counter_party_whose_did_does_not_resolve_is_refused_audited_and_changes_nothing(
+    app: Any, cp_token: Any, did_host: DidWebHost, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a DID on the host that was never published: its document is 404
+    unknown = DidIdentity(f"did:web:{did_host.host}:nobody", "key-1", ec.generate_private_key(ec.SECP256R1()))
+    flow = await _start(app, cp_token, unknown)
+    before = await _snapshot(app, flow)
+    caplog.set_level(logging.INFO, logger="dataplane.audit")
+    r = await _renew(app, flow.refresh, unknown.client_jwt(aud=PROVIDER, token=flow.access))
+    _code(r, 401, "client_did_unresolvable")
+    [record] = _audit(caplog)
+    assert (record["action"], record["reason"], record["client_id"]) == (
+        "dps.token_refresh",
+        "client_did_unresolvable",
+        None,
+    )
+    assert "/nobody/did.json" in did_host.requests
+    assert await _snapshot(app, flow) == before
 
 
 async def test_renewal_refuses_plain_http_did_web_unless_the_test_setting_allows_it(

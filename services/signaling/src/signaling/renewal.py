@@ -87,9 +87,9 @@ class TokenRenewal:
             raise ServiceError("invalid_refresh_request", "exactly one refresh_token is required")
         return token[0]
 
-    async def _client(self, client_jwt: str, identified: Callable[[str], None]) -> dict[str, Any]:
-        """The client JWT's claims once signed by the key its `kid` names in the DID document of
-        its `iss`. Audience and the `token` claim are judged against the flow afterwards."""
+    @staticmethod
+    def _unverified(client_jwt: str) -> tuple[str, str]:
+        """(iss, kid) of a client JWT before anything is fetched: ES256, `kid` = `<iss>#<key-id>`."""
         try:
             header = jwt.get_unverified_header(client_jwt)
             unverified = jwt.decode(client_jwt, options={"verify_signature": False})
@@ -100,6 +100,11 @@ class TokenRenewal:
         did, kid = unverified.get("iss"), header.get("kid")
         if not isinstance(did, str) or not isinstance(kid, str) or kid.partition("#")[0] != did:
             raise _client_invalid("kid must be <iss>#<key-id>")
+        return did, kid
+
+    async def _client(self, client_jwt: str, did: str, kid: str) -> dict[str, Any]:
+        """The client JWT's claims once signed by the key its `kid` names in the DID document of
+        its `iss`. Audience and the `token` claim are judged against the flow afterwards."""
         try:
             key = await self._resolver.key(kid)
         except DidUnresolvable:
@@ -118,13 +123,17 @@ class TokenRenewal:
             )
         except jwt.PyJWTError:
             raise _client_invalid("the client JWT does not verify") from None
-        if claims["sub"] != did or not isinstance(claims["jti"], str) or not claims["jti"]:
+        if (
+            claims["iss"] != did
+            or claims["sub"] != did
+            or not isinstance(claims["jti"], str)
+            or not claims["jti"]
+        ):
             raise _client_invalid("sub must equal iss, and jti must be a string")
         if not isinstance(claims["iat"], int) or not isinstance(claims["exp"], int):
             raise _client_invalid("iat and exp must be integers")
         if claims["exp"] - claims["iat"] > MAX_CLIENT_JWT_LIFETIME_S:
             raise _client_invalid("the client JWT lives too long")
-        identified(did)  # verified: the audit record names the client from here on
         return claims
 
     def _presented_access_id(self, token: object) -> str | None:
@@ -146,17 +155,30 @@ class TokenRenewal:
     async def renew(
         self, form: Mapping[str, list[str]], client_jwt: str | None, identified: Callable[[str], None]
     ) -> RenewedTokens:
+        """The refresh token is looked up before any DID is resolved, and only the flow's own
+        counter-party's document is ever fetched: a caller without a live refresh token cannot make
+        this service fetch a URL of its choosing. The fetch happens outside any transaction; the
+        flow is then locked and read again, so a signal committed meanwhile decides."""
         refresh_token = self._form(form)
         if not client_jwt:
             raise ServiceError("client_auth_required", "renewal requires the client's bearer JWT", _BEARER)
-        client = await self._client(client_jwt, identified)
+        did, kid = self._unverified(client_jwt)
+        digest = refresh_hash(refresh_token)
+        async with self._engine.connect() as conn:
+            seen = await repository.flow_by_refresh(conn, digest, lock=False)
+        if seen is None or seen[0].state is not FlowState.STARTED:
+            raise ServiceError("refresh_token_invalid", "the refresh token is not live")
+        if did != seen[0].counter_party_id:
+            raise ServiceError(
+                "client_not_counter_party", "the client is not this flow's counter-party", _BEARER
+            )
+        client = await self._client(client_jwt, did, kid)
+        identified(did)  # verified: the audit record names the client from here on
         async with self._engine.begin() as conn:
-            found = await repository.lock_flow_by_refresh(conn, refresh_hash(refresh_token))
+            found = await repository.flow_by_refresh(conn, digest, lock=True)
             if found is None or found[0].state is not FlowState.STARTED:
                 raise ServiceError("refresh_token_invalid", "the refresh token is not live")
             flow, pair = found
-            if client["iss"] != flow.counter_party_id:
-                raise ServiceError("client_not_counter_party", "the client is not this flow's counter-party")
             if _single(client["aud"]) != flow.participant_id:
                 raise ServiceError(
                     "client_audience", "the client JWT is not addressed to this provider", _BEARER
@@ -164,7 +186,7 @@ class TokenRenewal:
             if self._presented_access_id(client["token"]) != pair.access_id:
                 raise _client_invalid("the token claim is not the access token of this refresh token")
             expires = datetime.fromtimestamp(client["exp"] + CLOCK_LEEWAY_S, UTC)
-            if not await repository.remember_client_jti(conn, client["iss"], client["jti"], expires):
+            if not await repository.remember_client_jti(conn, did, client["jti"], expires):
                 raise ServiceError("client_jwt_replayed", "this client JWT was used before", _BEARER)
             new = self._signer.issue_pair(
                 flow.id, flow.participant_id, flow.counter_party_id, flow.dataset_id, flow.agreement_id
@@ -175,7 +197,7 @@ class TokenRenewal:
             }
             if pair.pending:
                 # the new refresh token presented: its pair is in use, the one before it is dead
-                values |= {"token_id": pair.access_id, "refresh_hash": refresh_hash(refresh_token)}
+                values |= {"token_id": pair.access_id, "refresh_hash": digest}
             await repository.update_flow(conn, flow.id, values)
         self._on_commit()
         metrics.TOKENS_ISSUED.inc()

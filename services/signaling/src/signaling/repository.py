@@ -88,13 +88,16 @@ class RefreshedPair:
     pending: bool
 
 
-async def lock_flow_by_refresh(conn: AsyncConnection, digest: str) -> tuple[FlowRecord, RefreshedPair] | None:
-    """The flow holding this refresh-token hash (current or pending), locked like `lock_flow`."""
-    stmt = (
-        select(data_flows)
-        .where((data_flows.c.refresh_hash == digest) | (data_flows.c.pending_refresh_hash == digest))
-        .with_for_update()
+async def flow_by_refresh(
+    conn: AsyncConnection, digest: str, *, lock: bool
+) -> tuple[FlowRecord, RefreshedPair] | None:
+    """The flow holding this refresh-token hash (current or pending); with `lock`, locked like
+    `lock_flow`."""
+    stmt = select(data_flows).where(
+        (data_flows.c.refresh_hash == digest) | (data_flows.c.pending_refresh_hash == digest)
     )
+    if lock:
+        stmt = stmt.with_for_update()
     row = (await conn.execute(stmt)).first()
     if row is None:
         return None
