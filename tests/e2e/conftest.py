@@ -51,6 +51,10 @@ async def system() -> AsyncIterator[object]:
                 "OTEL_BSP_SCHEDULE_DELAY": "200",
                 "OTEL_TRACES_SAMPLER": "always_on",
                 "ROW_FILTERS_RESOLVE_TIMEOUT_MS": str(RESOLVE_TIMEOUT_MS),
+                # issue 13: the http-pull profile beside HttpData-PULL, renewal clients' did:web
+                # documents from the in-test double (plain HTTP, a port)
+                "DPS_TRANSFER_TYPES": '["HttpData-PULL", "http-pull"]',
+                "DPS_DID_WEB_ALLOW_HTTP": "true",
             },
         )
         # `up` runs its own event loops (asyncio.run): keep them off the test session's loop

@@ -4,18 +4,22 @@ counter_party_id)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import time
 import uuid
 from typing import Any
 
 import asyncpg
 import httpx
+import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 from gateway_support import (
     AGREEMENT,
     CONSUMER,
+    KEY,
     PROVIDER,
     TopicTail,
     ds_policy,
@@ -133,6 +137,145 @@ async def test_dps09_an_agreement_header_naming_another_agreement_is_403(
     assert (
         await pull(pull_client, pull_token(jti), **{"Edc-Contract-Agreement-Id": AGREEMENT})
     ).status_code == 200
+
+
+@pytest.fixture(scope="module", autouse=True)
+async def first_uses(flows_url: str) -> str:
+    """Signaling's first-use function in this module's stand-in for the view, recording each call
+    (the real one promotes a renewal's pending pair: tests/signaling/test_http_pull_renewal.py)."""
+    conn = await asyncpg.connect(flows_url)
+    await conn.execute(
+        "CREATE TABLE IF NOT EXISTS first_uses (token_id text);"
+        "CREATE OR REPLACE FUNCTION dps_pull_token_used(t text) RETURNS void LANGUAGE sql"
+        " AS 'INSERT INTO first_uses VALUES (t)'"
+    )
+    await conn.close()
+    return flows_url
+
+
+async def used(flows_url: str, jti: str) -> int:
+    conn = await asyncpg.connect(flows_url)
+    n: int = await conn.fetchval("SELECT count(*) FROM first_uses WHERE token_id = $1", jti)
+    await conn.close()
+    return n
+
+
+def access_token(jti: str, ttl: int = 300, alg: str = "ES256", **over: Any) -> str:
+    """An http-pull access token as signaling issues it, for the grant `grant(...)` seeded."""
+    now = int(time.time())
+    claims: dict[str, Any] = {
+        "jti": jti,
+        "iss": PROVIDER,
+        "sub": CONSUMER,
+        "aud": PROVIDER,
+        "iat": now,
+        "exp": now + ttl,
+        "dataFlowId": f"flow-{jti[:8]}",
+        "datasetId": "stats",
+        "agreementId": AGREEMENT,
+    }
+    claims.update(over)
+    return jwt.encode(claims, None if alg == "none" else KEY, algorithm=alg)
+
+
+async def test_http_pull_a_live_access_token_pulls_as_its_subject(
+    pull_client: httpx.AsyncClient, flows_url: str, ds: DsConnectorDouble
+) -> None:
+    ds.set_policy(ds_policy(["stats"]))
+    jti = await grant(flows_url)
+    r = await pull(pull_client, f"Bearer {access_token(jti)}")
+    assert r.status_code == 200, r.text
+    assert r.json()["items"] == [{"id": 1}, {"id": 2}]
+    [call] = ds.calls("authorize")
+    assert call.body["consumer_did"] == CONSUMER and call.body["agreement_id"] == AGREEMENT
+    # its first use is reported to signaling once per replica, not per request
+    assert (await pull(pull_client, access_token(jti))).status_code == 200
+    assert await used(flows_url, jti) == 1
+
+
+async def test_http_pull_a_refused_pull_is_no_use_of_the_token(
+    pull_client: httpx.AsyncClient, flows_url: str, ds: DsConnectorDouble
+) -> None:
+    jti = await grant(flows_url, state="SUSPENDED")
+    refused(await pull(pull_client, access_token(jti)), 403, "flow_not_started")
+    other = await grant(flows_url)
+    refused(
+        await pull(pull_client, access_token(other), **{"Edc-Contract-Agreement-Id": "agr-x"}),
+        403,
+        "agreement_mismatch",
+    )
+    assert await used(flows_url, jti) == 0 and await used(flows_url, other) == 0
+
+
+async def test_http_pull_an_expired_access_token_is_401_with_its_own_code(
+    pull_client: httpx.AsyncClient, flows_url: str, ds: DsConnectorDouble, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="dataplane.audit")
+    ds.set_policy(ds_policy(["stats"]))
+    jti = await grant(flows_url)
+    now = int(time.time())
+    expired = access_token(jti, iat=now - 400, exp=now - 100)
+    refused(await pull(pull_client, expired), 401, "pull_token_expired")
+    assert ds.calls("authorize") == []
+    [rec] = audit_records(caplog)
+    assert (rec["event"], rec["reason"]) == ("denied", "pull_token_expired")
+    assert expired not in repr(rec) and jti not in repr(rec)
+
+
+async def test_http_pull_a_token_that_expires_after_use_is_refused_from_then_on(
+    pull_client: httpx.AsyncClient, flows_url: str, ds: DsConnectorDouble
+) -> None:
+    """The signature memo never outlives `exp`: a token served once is refused once expired."""
+    ds.set_policy(ds_policy(["stats"]))
+    jti = await grant(flows_url)
+    token = access_token(jti, ttl=2)
+    assert (await pull(pull_client, token)).status_code == 200
+    exp = jwt.decode(token, options={"verify_signature": False})["exp"]
+    await asyncio.sleep(max(0.0, exp - time.time()) + 0.05)  # waits for the clock, not a threshold
+    refused(await pull(pull_client, token), 401, "pull_token_expired")
+
+
+async def test_http_pull_the_grant_is_still_read_on_every_request(
+    pull_client: httpx.AsyncClient, flows_url: str, ds: DsConnectorDouble
+) -> None:
+    ds.set_policy(ds_policy(["stats"]))
+    jti = await grant(flows_url)
+    token = access_token(jti)
+    assert (await pull(pull_client, token)).status_code == 200
+    conn = await asyncpg.connect(flows_url)
+    await conn.execute("UPDATE dps_pull_grants SET state = 'SUSPENDED' WHERE token_id = $1", jti)
+    refused(await pull(pull_client, token), 403, "flow_not_started")
+    await conn.execute("DELETE FROM dps_pull_grants WHERE token_id = $1", jti)
+    await conn.close()
+    refused(await pull(pull_client, token), 401, "pull_token")
+
+
+@pytest.mark.parametrize(
+    "claim",
+    [
+        {"dataFlowId": "flow-other"},
+        {"datasetId": "readings"},
+        {"agreementId": "agr-other"},
+        {"sub": "did:web:someone-else"},
+        {"aud": "did:web:someone-else"},
+        {"iss": "did:web:other-provider"},
+    ],
+)
+async def test_http_pull_claims_disagreeing_with_the_grant_are_401(
+    pull_client: httpx.AsyncClient, flows_url: str, ds: DsConnectorDouble, claim: dict[str, str]
+) -> None:
+    jti = await grant(flows_url)
+    refused(await pull(pull_client, access_token(jti, **claim)), 401, "pull_token")
+    assert ds.calls("authorize") == []
+
+
+async def test_http_pull_unsigned_or_incomplete_access_tokens_are_401(
+    pull_client: httpx.AsyncClient, flows_url: str
+) -> None:
+    jti = await grant(flows_url)
+    refused(await pull(pull_client, access_token(jti, alg="none")), 401, "pull_token")
+    refused(await pull(pull_client, access_token(jti, dataFlowId=None)), 401, "pull_token")
+    refused(await pull(pull_client, access_token(jti, exp="soon")), 401, "pull_token")
 
 
 async def test_dps01_the_pull_route_is_absent_without_dps(client: httpx.AsyncClient) -> None:

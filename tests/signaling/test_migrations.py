@@ -28,6 +28,7 @@ async def test_dps13_migrations_upgrade_an_empty_database_and_downgrade_cleanly(
         ("dps_data_flows", "r"),
         ("dps_control_planes", "r"),
         ("dps_outbox", "r"),
+        ("dps_client_jtis", "r"),
         ("dps_pull_grants", "v"),
     }
     version = await sql(fresh_database, "SELECT version_num FROM alembic_version")
@@ -39,6 +40,16 @@ async def test_dps13_migrations_upgrade_an_empty_database_and_downgrade_cleanly(
         pull_grant_role,
     )
     assert [g["privilege_type"] for g in grants] == ["SELECT"]
+    # the read role's only other right: the first-use function (issue 13), no other routine
+    routines = await sql(
+        fresh_database,
+        "SELECT routine_name, privilege_type FROM information_schema.role_routine_grants "
+        "WHERE grantee=$1 AND routine_schema='public'",
+        pull_grant_role,
+    )
+    assert [(r["routine_name"], r["privilege_type"]) for r in routines] == [
+        ("dps_pull_token_used", "EXECUTE")
+    ]
 
     down = await asyncio.to_thread(run_migrate, fresh_database, "downgrade", "base")
     assert down.returncode == 0, down.stderr

@@ -28,6 +28,11 @@ PULL_PATH = "/dps/public"
 """The data address endpoint is `{DPS_PUBLIC_URL}` + this; the client calls `{endpoint}/query`."""
 SIGNALING_PATH = "/dps/v1/dataflows"
 """The registered signalling endpoint is `{DPS_SIGNALING_URL}` + this."""
+HTTP_PULL_PROFILE = "https://w3id.org/dspace-sig/profile/http-pull"
+"""The DPS http-pull profile: expiring access tokens with claims, renewable with a refresh token."""
+HTTP_PULL_SHORT = "http-pull"
+REFRESH_PATH = "/dps/token"
+"""The http-pull profile's `refreshEndpoint` is `{DPS_REFRESH_URL}` + this (served by signaling)."""
 
 # ---------------------------------------------------------------- flow states (docs/dps.md)
 
@@ -71,6 +76,15 @@ def is_pull_transfer(transfer_type: str) -> bool:
     """`HttpData-PULL`, `HttpData-PULL-Json`, `…/http-pull` are pull; anything else is not."""
     last = transfer_type.rstrip("/").rsplit("/", 1)[-1].replace("_", "-")
     return any(part.upper() == "PULL" for part in last.split("-"))
+
+
+def canonical_transfer_type(transfer_type: str) -> str:
+    """The http-pull profile under its URI whichever spelling names it; any other type as given."""
+    return HTTP_PULL_PROFILE if transfer_type in (HTTP_PULL_SHORT, HTTP_PULL_PROFILE) else transfer_type
+
+
+def is_http_pull_profile(transfer_type: str) -> bool:
+    return canonical_transfer_type(transfer_type) == HTTP_PULL_PROFILE
 
 
 # ---------------------------------------------------------------- data address (DSP 2025-1)
@@ -137,6 +151,29 @@ def pull_data_address(public_url: str, token: str) -> DataAddress:
             "endpointType": HTTP_ENDPOINT_TYPE,
             "endpoint": endpoint,
             "endpointProperties": [{"name": EDC_NAMESPACE + k, "value": v} for k, v in props.items()],
+        }
+    )
+
+
+def http_pull_data_address(
+    public_url: str, access_token: str, refresh_token: str, expires_in: int, refresh_endpoint: str
+) -> DataAddress:
+    """The http-pull profile's address: plain property names, bearer auth, the renewal properties
+    (`expiresIn` in seconds, digits only)."""
+    endpoint = public_url.rstrip("/") + PULL_PATH
+    props = {
+        "endpoint": endpoint,
+        "authType": "bearer",
+        "authorization": access_token,
+        "refreshToken": refresh_token,
+        "expiresIn": str(int(expires_in)),
+        "refreshEndpoint": refresh_endpoint,
+    }
+    return DataAddress.model_validate(
+        {
+            "endpointType": HTTP_PULL_PROFILE,
+            "endpoint": endpoint,
+            "endpointProperties": [{"name": k, "value": v} for k, v in props.items()],
         }
     )
 
@@ -240,6 +277,16 @@ CALLBACK_ACTIONS: tuple[str, ...] = ("prepared", "started", "completed", "errore
 # ---------------------------------------------------------------- pull token (DPS-06)
 
 
+def single_audience(data: Any) -> Any:
+    """`aud` may arrive as a one-element list (RFC 7519 allows both); more than one is refused."""
+    if isinstance(data, dict) and isinstance(data.get("aud"), list):
+        aud = data["aud"]
+        if len(aud) != 1:
+            raise ValueError("a token of this data plane has exactly one audience")
+        data = {**data, "aud": aud[0]}
+    return data
+
+
 class PullTokenClaims(ContractModel):
     """Claims of a pull token. No `exp`, and no flow facts: those are held against the `jti`.
 
@@ -254,18 +301,37 @@ class PullTokenClaims(ContractModel):
     @model_validator(mode="before")
     @classmethod
     def _single_audience(cls, data: Any) -> Any:
-        if isinstance(data, dict) and isinstance(data.get("aud"), list):
-            aud = data["aud"]
-            if len(aud) != 1:
-                raise ValueError("a pull token has exactly one audience")
-            data = {**data, "aud": aud[0]}
-        return data
+        return single_audience(data)
 
     @model_validator(mode="after")
     def _sub_is_iss(self) -> PullTokenClaims:
         if self.sub != self.iss:
             raise ValueError("sub must equal iss")
         return self
+
+
+class AccessTokenClaims(ContractModel):
+    """Claims of an http-pull access token: it expires, names its holder (`sub`, the
+    counter-party) and the flow it was issued for. `aud` is the provider participant whose data
+    plane serves it. The grant is still read on every pull: the claims only have to agree with it."""
+
+    jti: NonEmptyStr = Field(repr=False)
+    iss: NonEmptyStr
+    sub: NonEmptyStr
+    aud: NonEmptyStr
+    iat: StrictInt
+    exp: StrictInt
+    data_flow_id: NonEmptyStr = Field(alias="dataFlowId")
+    dataset_id: NonEmptyStr = Field(alias="datasetId")
+    agreement_id: NonEmptyStr = Field(alias="agreementId")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _single_audience(cls, data: Any) -> Any:
+        return single_audience(data)
+
+    def wire(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
 
 
 PULL_TOKEN_ALGORITHM = "ES256"
@@ -284,6 +350,10 @@ PULL_GRANT_COLUMNS: tuple[str, ...] = (
     "counter_party_id",
 )
 DEFAULT_PULL_GRANT_ROLE = "dataplane_pull_reader"
+PULL_TOKEN_USED_FUNCTION = "dps_pull_token_used"
+"""`dps_pull_token_used(token_id text)`: what the gateway calls on an http-pull access token's
+first use (the read role's only write): a renewal's pending pair becomes the current one, and the
+pair it replaces is dead from then on. A no-op for any other token."""
 
 # ---------------------------------------------------------------- flow event (dataplane.dps.flow-events)
 

@@ -23,6 +23,16 @@ ErrorCode = Literal[
     "invalid_token",
     "provider_not_served",
     "pull_token",
+    "pull_token_expired",
+    "unsupported_grant_type",
+    "invalid_refresh_request",
+    "refresh_token_invalid",
+    "client_auth_required",
+    "client_jwt_invalid",
+    "client_did_unresolvable",
+    "client_not_counter_party",
+    "client_audience",
+    "client_jwt_replayed",
     "policy",
     "not_available",
     "not_offered",
@@ -69,6 +79,16 @@ STATUS: dict[str, int] = {
     "invalid_token": 401,
     "provider_not_served": 401,
     "pull_token": 401,
+    "pull_token_expired": 401,  # an http-pull access token past its exp: renew it
+    "unsupported_grant_type": 400,  # a renewal whose grant_type is not refresh_token
+    "invalid_refresh_request": 400,  # a renewal that is not a form with a refresh_token
+    "refresh_token_invalid": 400,  # never issued, already retired, or its flow not STARTED
+    "client_auth_required": 401,  # a renewal without the client's bearer JWT
+    "client_jwt_invalid": 401,  # not signed by the DID's key, expired, malformed, or naming another token
+    "client_did_unresolvable": 401,  # the client's did:web document cannot be read
+    "client_not_counter_party": 401,  # the client DID is not the flow's counter-party
+    "client_audience": 401,  # the client JWT's aud is not the flow's provider
+    "client_jwt_replayed": 401,  # a client JWT id seen before
     "no_token": 401,
     "policy": 403,
     "not_available": 403,

@@ -1,10 +1,18 @@
 """DPS-09: the pull token, verified with signaling's public key and looked up in the pull-grant
 view on every request (never cached: a retired token is refused from the moment it retired). Only
-the token's signature check is memoised (query_gateway.verified); the grant never is."""
+the token's signature check is memoised (query_gateway.verified); the grant never is.
+
+Two kinds of token: DPS-06's (no `exp`, the flow's facts held only against the `jti`) and the
+http-pull profile's access token (an `exp`, checked here, and claims naming the flow, which must
+agree with the grant). An access token issued by a renewal is *pending* until first used: its
+first pull on a replica calls `dps_pull_token_used` (signaling's function, the read role's only
+write), which retires the pair it replaces."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -16,6 +24,8 @@ from dataplane_contracts.dps import (
     PULL_GRANT_COLUMNS,
     PULL_GRANT_VIEW,
     PULL_TOKEN_ALGORITHM,
+    PULL_TOKEN_USED_FUNCTION,
+    AccessTokenClaims,
     FlowState,
     PullTokenClaims,
 )
@@ -64,6 +74,11 @@ DEFAULT_GRANT_TIMEOUT_S = 2.0
 _GRANT_SQL = f"SELECT {', '.join(PULL_GRANT_COLUMNS[1:])} FROM {PULL_GRANT_VIEW} WHERE token_id = $1"  # noqa: S608
 
 
+_USED_SQL = f"SELECT {PULL_TOKEN_USED_FUNCTION}($1)"
+# access-token ids this replica already reported used: at most one write per token per replica
+USED_MEMO_SIZE = 4096
+
+
 async def flows_pool(url: str, timeout_s: float) -> asyncpg.Pool:
     """The pull-grant reads' pool: every bound `timeout_s`, read-only sessions, and no reset
     query on release (the read leaves no session state; the default reset is a second round trip
@@ -89,9 +104,13 @@ class PullVerifier:
         self._timeout = timeout_s
         # the signature check and claim parsing of a token seen before; the key is fixed for the
         # process. Only the signature is memoised: the grant is read on every request (below)
-        self._verified: VerifiedTokens[PullTokenClaims] = VerifiedTokens()
+        self._verified: VerifiedTokens[PullTokenClaims | AccessTokenClaims] = VerifiedTokens()
+        self._used: OrderedDict[str, None] = OrderedDict()
 
-    def claims(self, token: str | None) -> PullTokenClaims:
+    def claims(self, token: str | None) -> PullTokenClaims | AccessTokenClaims:
+        """The token's claims once its signature verified; an access token past its `exp` is
+        `pull_token_expired` (the memo never serves an entry at or after its `exp`, so an expired
+        token always reaches the check below)."""
         if token is None:
             raise ServiceError("pull_token", "a pull needs the token from the data address")
         memo = self._verified.get(token)
@@ -104,9 +123,13 @@ class PullVerifier:
                 algorithms=[PULL_TOKEN_ALGORITHM],
                 options={"verify_aud": False, "verify_exp": False, "require": ["jti", "iss", "sub", "aud"]},
             )
-            claims = PullTokenClaims.model_validate(raw)
+            claims: PullTokenClaims | AccessTokenClaims = (
+                AccessTokenClaims.model_validate(raw) if "exp" in raw else PullTokenClaims.model_validate(raw)
+            )
         except (jwt.PyJWTError, ValidationError, ValueError):
             raise ServiceError("pull_token", "pull token is not valid") from None
+        if isinstance(claims, AccessTokenClaims) and claims.exp <= time.time():
+            raise ServiceError("pull_token_expired", "the access token has expired: renew it")
         if memoisable(raw):
             self._verified.put(token, claims, self._key, exp_of(raw))
         return claims
@@ -128,6 +151,28 @@ class PullVerifier:
             return None
         return PullGrant(**{k: str(row[k]) for k in row.keys()})  # noqa: SIM118 - asyncpg Record
 
+    async def first_use(self, jti: str) -> None:
+        """Report an http-pull access token used (once per replica): a renewal's pending pair
+        becomes current, and the old access and refresh tokens are dead for every reader from the
+        commit on. The pool's sessions are read-only by default, so this one transaction says
+        READ WRITE; the read role may execute the function and nothing else."""
+        if jti in self._used:
+            return
+        try:
+            async with (
+                asyncio.timeout(self._timeout),
+                self._pool.acquire(timeout=self._timeout) as conn,
+                conn.transaction(),
+            ):
+                await conn.execute("SET TRANSACTION READ WRITE", timeout=self._timeout)
+                await conn.execute(_USED_SQL, jti, timeout=self._timeout)
+        except Exception as exc:
+            log.warning("pull_token_use_unrecorded", error=type(exc).__name__)
+            raise ServiceError("database_unavailable", "the pull grants cannot be updated now") from None
+        self._used[jti] = None
+        while len(self._used) > USED_MEMO_SIZE:
+            self._used.popitem(last=False)
+
     async def verify(
         self,
         header: str | None,
@@ -144,18 +189,35 @@ class PullVerifier:
         grant = await self.grant(claims.jti)
         if grant is None:
             raise ServiceError("pull_token", "pull token is not live")
-        matches = claims.aud == grant.counter_party_id and claims.iss == grant.participant_id
+        consumer, matches = _holder(claims, grant)
         if matches and identified is not None:
-            identified(claims.aud, grant.agreement_id)
+            identified(consumer, grant.agreement_id)
         if grant.state != FlowState.STARTED.value:
             raise ServiceError("flow_not_started", f"data flow is {grant.state}")
         if not matches:
             raise ServiceError("pull_token", "pull token does not match its data flow")
         if agreement_header and agreement_header != grant.agreement_id:
             raise ServiceError("agreement_mismatch", "the agreement header does not match the data flow")
+        if isinstance(claims, AccessTokenClaims):
+            await self.first_use(claims.jti)
         return VerifiedPull(
-            consumer=claims.aud,
+            consumer=consumer,
             provider=grant.participant_id,
             agreement_id=grant.agreement_id,
             flow_id=grant.flow_id,
         )
+
+
+def _holder(claims: PullTokenClaims | AccessTokenClaims, grant: PullGrant) -> tuple[str, bool]:
+    """The consumer the token names, and whether everything it claims agrees with its grant."""
+    if isinstance(claims, AccessTokenClaims):
+        agrees = (
+            claims.sub == grant.counter_party_id
+            and claims.iss == grant.participant_id
+            and claims.aud == grant.participant_id
+            and claims.data_flow_id == grant.flow_id
+            and claims.dataset_id == grant.dataset_id
+            and claims.agreement_id == grant.agreement_id
+        )
+        return claims.sub, agrees
+    return claims.aud, claims.aud == grant.counter_party_id and claims.iss == grant.participant_id

@@ -16,6 +16,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from dataplane_contracts.dps import REFRESH_PATH
 from dataplane_service_kit.errors import ServiceError, install_error_handlers
 from dataplane_service_kit.health import ReadinessCheck, health_router
 from dataplane_service_kit.logs import get_logger
@@ -23,11 +24,13 @@ from dataplane_service_kit.oauth import ClientCredentialsToken
 from dataplane_service_kit.telemetry import FASTAPI_TELEMETRY
 from signaling import audit, metrics
 from signaling.callbacks import ControlPlaneClient
+from signaling.did_web import DidWebResolver
 from signaling.flows import FlowService
 from signaling.migrate import check_at_head
 from signaling.oidc import JwtVerifier
 from signaling.outbox import OutboxRelay
-from signaling.routes import router
+from signaling.renewal import TokenRenewal
+from signaling.routes import router, token_router
 from signaling.settings import Settings
 from signaling.state import AppState, Dps
 from signaling.tokens import PullTokenSigner
@@ -50,13 +53,16 @@ def _build_dps(settings: Settings, state: AppState) -> Dps:
             client_secret=settings.celine_oidc_client_secret.get_secret_value(),
         )
     relay = state.relay
+    signer = PullTokenSigner(key, settings.dps_token_key_id, settings.dps_token_ttl_seconds)
+    on_commit = relay.wake if relay is not None else (lambda: None)
     return Dps(
         flows=FlowService(
             state.engine,
-            PullTokenSigner(key, settings.dps_token_key_id),
+            signer,
             settings.dps_public_url,
             list(settings.dps_transfer_types),
-            on_commit=relay.wake if relay is not None else (lambda: None),
+            on_commit=on_commit,
+            refresh_endpoint=settings.refresh_endpoint(),
         ),
         verifier=JwtVerifier(
             state.http,
@@ -69,6 +75,16 @@ def _build_dps(settings: Settings, state: AppState) -> Dps:
             state.http, state.engine, tokens, settings.callback_timeout_seconds
         ),
         admitted=frozenset(settings.dps_control_plane_clients),
+        renewal=TokenRenewal(
+            state.engine,
+            signer,
+            key.public_key(),
+            DidWebResolver(
+                state.http,
+                allow_http=settings.dps_did_web_allow_http,
+                timeout_s=settings.callback_timeout_seconds,
+            ),
+        ),
     )
 
 
@@ -173,7 +189,8 @@ def _install_audited_errors(app: FastAPI) -> None:
     def record(request: Request, code: str, status: int) -> None:
         if request.url.path.startswith("/dps"):
             caller = getattr(request.state, "caller", None)
-            audit.signal_refused(request, code, status, caller)
+            action = "dps.token_refresh" if request.url.path == REFRESH_PATH else "dps.signal"
+            audit.signal_refused(request, code, status, caller, action)
             metrics.SIGNALS.labels(signal=_signal_of(request), outcome=code).inc()
 
     async def on_service_error(request: Request, exc: Exception) -> Response:
@@ -234,6 +251,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(health_router(lambda: _checks(app)))
     if settings.dps_enabled:  # DPS-01: nothing under /dps exists otherwise
         app.include_router(router)
+        app.include_router(token_router)
     return app
 
 

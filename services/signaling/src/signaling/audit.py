@@ -21,13 +21,15 @@ def route_template(request: Request) -> str:
     return "/".join(f"{{{names[s]}}}" if s in names else s for s in segments)
 
 
-def signal_refused(request: Request, reason: str, status: int, caller: str | None = None) -> None:
+def signal_refused(
+    request: Request, reason: str, status: int, caller: str | None = None, action: str = "dps.signal"
+) -> None:
     # the audit trail must not depend on LOG_LEVEL
     logging.getLogger(AUDIT_LOGGER).setLevel(logging.INFO)
     _audit.warning(
         "denied",
         service="signaling",
-        action="dps.signal",
+        action=action,
         outcome="denied",
         reason=reason,
         status=status,

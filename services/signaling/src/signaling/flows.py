@@ -20,13 +20,16 @@ from dataplane_contracts.dps import (
     FlowState,
     FlowStateChanged,
     can_transition,
+    canonical_transfer_type,
+    http_pull_data_address,
+    is_http_pull_profile,
     pull_data_address,
 )
 from dataplane_service_kit.errors import ServiceError
 from dataplane_service_kit.telemetry import kafka_headers
 from signaling import metrics, repository
 from signaling.repository import FlowExists, FlowRecord
-from signaling.tokens import PullTokenSigner
+from signaling.tokens import PullTokenSigner, TokenPair
 
 
 def _event(
@@ -65,19 +68,51 @@ class FlowService:
         signer: PullTokenSigner,
         public_url: str,
         transfer_types: list[str],
+        *,
         on_commit: Callable[[], None] = lambda: None,
+        refresh_endpoint: str = "",
     ) -> None:
         self._engine = engine
         self._signer = signer
         self._public_url = public_url
-        self._types = set(transfer_types)
+        self._types = {canonical_transfer_type(t) for t in transfer_types}
         self._on_commit = on_commit
+        self._refresh_endpoint = refresh_endpoint
 
-    def _check_type(self, transfer_type: str) -> None:
-        if transfer_type not in self._types:
+    def _check_type(self, transfer_type: str) -> str:
+        """The type as this data plane records it (the http-pull profile under its URI)."""
+        canonical = canonical_transfer_type(transfer_type)
+        if canonical not in self._types:
             raise ServiceError(
                 "unsupported_transfer_type", "this data plane does not serve that transfer type"
             )
+        return canonical
+
+    def _issue(self, flow: FlowRecord) -> tuple[dict[str, Any], DataAddress]:
+        """A provider flow's new credentials: the columns to store (ids and hashes only) and the
+        address that carries them, by the flow's transfer type (DPS-05/06 or the http-pull profile)."""
+        if is_http_pull_profile(flow.transfer_type):
+            pair = self._signer.issue_pair(
+                flow.id, flow.participant_id, flow.counter_party_id, flow.dataset_id, flow.agreement_id
+            )
+            return self._pair_values(pair), self._pair_address(pair)
+        token, claims = self._signer.issue(flow.participant_id, flow.counter_party_id)
+        return {"token_id": claims.jti}, pull_data_address(self._public_url, token)
+
+    @staticmethod
+    def _pair_values(pair: TokenPair) -> dict[str, Any]:
+        # a new pair replaces whatever renewal was pending
+        return {
+            "token_id": pair.access_id,
+            "refresh_hash": pair.refresh_hash,
+            "pending_token_id": None,
+            "pending_refresh_hash": None,
+        }
+
+    def _pair_address(self, pair: TokenPair) -> DataAddress:
+        return http_pull_data_address(
+            self._public_url, pair.access_token, pair.refresh_token, pair.expires_in, self._refresh_endpoint
+        )
 
     async def _create(self, flow: FlowRecord, values: dict[str, Any], signal: FlowSignal) -> None:
         async with self._engine.begin() as conn:
@@ -109,6 +144,9 @@ class FlowService:
             "metadata": msg.metadata,
             "data_address": None,
             "token_id": None,
+            "refresh_hash": None,
+            "pending_token_id": None,
+            "pending_refresh_hash": None,
         }
 
     @staticmethod
@@ -131,26 +169,24 @@ class FlowService:
     # ------------------------------------------------------------------ creation
     async def prepare(self, msg: DataFlowPrepareMessage, caller: str) -> DataFlowStatusMessage:
         """DPS-04: the consumer side; PREPARED, no data address."""
-        self._check_type(msg.transfer_type)
+        transfer_type = self._check_type(msg.transfer_type)
         values = self._new_values(msg, FlowRole.CONSUMER, FlowState.PREPARED, caller)
+        values["transfer_type"] = transfer_type
         await self._create(self._record(values), values, "prepare")
         return DataFlowStatusMessage(data_flow_id=msg.flow_id, state=FlowState.PREPARED)
 
     async def start(self, msg: DataFlowStartMessage, caller: str) -> DataFlowStatusMessage:
         """DPS-05/06: the provider side of a pull; STARTED with the pull address and a new token."""
-        self._check_type(msg.transfer_type)
+        transfer_type = self._check_type(msg.transfer_type)
         if msg.data_address is not None:
             raise ServiceError("data_address_not_allowed", "a pull start must not carry a data address")
-        token, claims = self._signer.issue(msg.participant_id, msg.counter_party_id)
         values = self._new_values(msg, FlowRole.PROVIDER, FlowState.STARTED, caller)
-        values["token_id"] = claims.jti
+        values["transfer_type"] = transfer_type
+        credentials, address = self._issue(self._record(values))
+        values.update(credentials)
         await self._create(self._record(values), values, "start")
         metrics.TOKENS_ISSUED.inc()
-        return DataFlowStatusMessage(
-            data_flow_id=msg.flow_id,
-            state=FlowState.STARTED,
-            data_address=pull_data_address(self._public_url, token),
-        )
+        return DataFlowStatusMessage(data_flow_id=msg.flow_id, state=FlowState.STARTED, data_address=address)
 
     # ------------------------------------------------------------------ transitions (DPS-07)
     async def _commit_transition(
@@ -173,7 +209,10 @@ class FlowService:
                 raise _not_found()
             if signal == "terminate" and flow.state is FlowState.TERMINATED:
                 return  # idempotent: nothing changes, no event
-            await self._commit_transition(conn, flow, signal, target, {"token_id": None})
+            # the access token and (http-pull) its refresh token die together, and any renewal's
+            # pending pair with them
+            retired = dict.fromkeys(("token_id", "refresh_hash", "pending_token_id", "pending_refresh_hash"))
+            await self._commit_transition(conn, flow, signal, target, retired)
         self._on_commit()
         if flow.token_id is not None:
             metrics.TOKENS_RETIRED.inc()
@@ -207,7 +246,7 @@ class FlowService:
     async def resume(self, flow_id: str, address: DataAddress | None, caller: str) -> DataFlowStatusMessage:
         """SUSPENDED → STARTED. A provider flow gets a new token (the old one stays dead) and any
         address in the message is ignored; a consumer flow records the address it is given."""
-        issued: tuple[str, str] | None = None
+        issued: DataAddress | None = None
         async with self._engine.begin() as conn:
             flow = await repository.lock_flow(conn, flow_id, caller)
             if flow is None:
@@ -216,9 +255,7 @@ class FlowService:
                 raise _conflict(flow, "resume")
             values: dict[str, Any] = {}
             if flow.role is FlowRole.PROVIDER:
-                token, claims = self._signer.issue(flow.participant_id, flow.counter_party_id)
-                issued = (token, claims.jti)
-                values["token_id"] = claims.jti
+                values, issued = self._issue(flow)
             elif address is not None:
                 values["data_address"] = _stored(address)
             await self._commit_transition(conn, flow, "resume", FlowState.STARTED, values)
@@ -226,11 +263,7 @@ class FlowService:
         if issued is None:
             return DataFlowStatusMessage(data_flow_id=flow_id, state=FlowState.STARTED)
         metrics.TOKENS_ISSUED.inc()
-        return DataFlowStatusMessage(
-            data_flow_id=flow_id,
-            state=FlowState.STARTED,
-            data_address=pull_data_address(self._public_url, issued[0]),
-        )
+        return DataFlowStatusMessage(data_flow_id=flow_id, state=FlowState.STARTED, data_address=issued)
 
     async def status(self, flow_id: str, caller: str) -> DataFlowStatusResponse:
         async with self._engine.connect() as conn:

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from dataplane_contracts.dps import DataAddress, FlowRole, FlowState, FlowStateChanged
 from dataplane_contracts.topics import FLOW_EVENTS
-from signaling.tables import control_planes, data_flows, outbox
+from signaling.tables import client_jtis, control_planes, data_flows, outbox
 
 
 class FlowExists(Exception):
@@ -77,6 +77,49 @@ async def lock_flow(conn: AsyncConnection, flow_id: str, caller: str) -> FlowRec
     )
     row = (await conn.execute(stmt)).first()
     return None if row is None else FlowRecord.from_row(row)
+
+
+@dataclass(frozen=True)
+class RefreshedPair:
+    """The pair a presented refresh token belongs to: its access token's id, and whether it is a
+    renewal's pending pair (not yet used) or the flow's current one."""
+
+    access_id: str
+    pending: bool
+
+
+async def flow_by_refresh(
+    conn: AsyncConnection, digest: str, *, lock: bool
+) -> tuple[FlowRecord, RefreshedPair] | None:
+    """The flow holding this refresh-token hash (current or pending); with `lock`, locked like
+    `lock_flow`."""
+    stmt = select(data_flows).where(
+        (data_flows.c.refresh_hash == digest) | (data_flows.c.pending_refresh_hash == digest)
+    )
+    if lock:
+        stmt = stmt.with_for_update()
+    row = (await conn.execute(stmt)).first()
+    if row is None:
+        return None
+    m = row._mapping
+    pending = m["pending_refresh_hash"] == digest
+    access_id = m["pending_token_id"] if pending else m["token_id"]
+    if access_id is None:
+        return None
+    return FlowRecord.from_row(row), RefreshedPair(access_id, pending)
+
+
+async def remember_client_jti(conn: AsyncConnection, issuer: str, jti: str, expires_at: datetime) -> bool:
+    """Record a client JWT's id until it expires; False when it was seen before (a replay).
+    Expired ids are dropped first: a JWT past its `exp` is refused before it gets here."""
+    await conn.execute(client_jtis.delete().where(client_jtis.c.expires_at < now()))
+    stmt = (
+        pg_insert(client_jtis)
+        .values(issuer=issuer, jti=jti, expires_at=expires_at)
+        .on_conflict_do_nothing()
+        .returning(client_jtis.c.jti)
+    )
+    return (await conn.execute(stmt)).first() is not None
 
 
 async def get_flow(conn: AsyncConnection, flow_id: str, caller: str) -> FlowRecord | None:

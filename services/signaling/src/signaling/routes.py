@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
+from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Body, Depends, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
 from dataplane_contracts.dps import (
+    REFRESH_PATH,
     SIGNALING_PATH,
     ControlPlaneRegistrationMessage,
     DataFlowPrepareMessage,
@@ -207,3 +209,35 @@ async def status(flow_id: str, caller: Caller, dps: DpsDep) -> JSONResponse:
 
 
 router.include_router(flows)
+
+
+# the consumer's renewal of an http-pull token: authenticated by its client JWT (renewal.py), not
+# by a control plane's token, so outside SignallingRoute
+token_router = APIRouter()
+
+_FORM = "application/x-www-form-urlencoded"
+MAX_FORM_BYTES = 16 * 1024
+
+
+@token_router.post(REFRESH_PATH)
+async def renew_token(request: Request, dps: DpsDep) -> JSONResponse:
+    """RFC 6749 §6 (refresh_token grant) answered per §5.1, never cached."""
+    if request.headers.get("content-type", "").split(";")[0].strip().lower() != _FORM:
+        raise ServiceError("invalid_refresh_request", "the renewal must be an url-encoded form")
+    raw = await request.body()
+    if len(raw) > MAX_FORM_BYTES:
+        raise ServiceError("invalid_refresh_request", "the renewal form is too large")
+    try:
+        form = parse_qs(raw.decode("ascii"), keep_blank_values=True, strict_parsing=bool(raw))
+    except (UnicodeDecodeError, ValueError):
+        raise ServiceError("invalid_refresh_request", "the renewal form cannot be read") from None
+    scheme, _, client_jwt = request.headers.get("authorization", "").partition(" ")
+
+    def identified(did: str) -> None:
+        request.state.caller = did  # named in the access record once its JWT verified
+
+    renewed = await dps.renewal.renew(
+        form, client_jwt.strip() if scheme.lower() == "bearer" else None, identified
+    )
+    _ok("token")
+    return JSONResponse(renewed.wire(), headers={"Cache-Control": "no-store", "Pragma": "no-cache"})

@@ -12,7 +12,12 @@ from cryptography.hazmat.primitives.serialization import load_pem_private_key
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
-from dataplane_contracts.dps import DEFAULT_PULL_GRANT_ROLE, is_pull_transfer
+from dataplane_contracts.dps import (
+    DEFAULT_PULL_GRANT_ROLE,
+    REFRESH_PATH,
+    canonical_transfer_type,
+    is_pull_transfer,
+)
 from dataplane_contracts.settings import BASE_CONFIG, HttpSettings, KafkaSettings, OidcSettings
 
 StrList = Annotated[list[str], NoDecode]
@@ -81,6 +86,12 @@ class Settings(HttpSettings, KafkaSettings, OidcSettings):
     dps_control_plane_clients: StrList = Field(default_factory=list)
     dps_token_signing_key: SecretStr | None = None
     dps_token_key_id: str | None = None
+    # the http-pull profile: access-token lifetime, and the base URL consumers reach for renewal
+    # (the `refreshEndpoint` is this + /dps/token; unset: DPS_SIGNALING_URL)
+    dps_token_ttl_seconds: int = Field(default=300, ge=1)
+    dps_refresh_url: str | None = None
+    # for tests and the local doubles only: did:web documents over plain HTTP and on a port
+    dps_did_web_allow_http: bool = False
     dps_pull_grant_role: str = DEFAULT_PULL_GRANT_ROLE
 
     celine_oidc_jwks_min_refetch_seconds: float = Field(default=10.0, ge=0)
@@ -104,7 +115,8 @@ class Settings(HttpSettings, KafkaSettings, OidcSettings):
             raise ValueError(f"only pull transfer types are supported, not {push}")
         if not v:
             raise ValueError("at least one transfer type is needed")
-        return v
+        # the http-pull profile is served and registered under its URI, whichever spelling is listed
+        return list(dict.fromkeys(canonical_transfer_type(t) for t in v))
 
     @field_validator("dps_token_signing_key", mode="after")
     @classmethod
@@ -131,6 +143,9 @@ class Settings(HttpSettings, KafkaSettings, OidcSettings):
             if missing:
                 raise ValueError(f"{', '.join(missing)} required when DPS_ENABLED is true")
         return self
+
+    def refresh_endpoint(self) -> str:
+        return (self.dps_refresh_url or self.dps_signaling_url).rstrip("/") + REFRESH_PATH
 
     @property
     def signing_key(self) -> ec.EllipticCurvePrivateKey | None:

@@ -14,6 +14,7 @@ from signaling.flows import FlowService
 from signaling.metrics import FlowGauge
 from signaling.oidc import JwtVerifier
 from signaling.outbox import OutboxRelay
+from signaling.renewal import TokenRenewal
 from signaling.settings import Settings
 
 
@@ -23,6 +24,7 @@ class Dps:
     verifier: JwtVerifier
     control_planes: ControlPlaneClient
     admitted: frozenset[str]
+    renewal: TokenRenewal
 
 
 @dataclass

@@ -39,8 +39,20 @@ data_flows = Table(
     Column("metadata", JSON, nullable=False),
     Column("data_address", JSON, nullable=True),
     Column("token_id", String(64), nullable=True, unique=True),
+    Column("refresh_hash", String(64), nullable=True, unique=True),  # http-pull: a digest only
+    # a renewal's new pair until its first use (migration 0003)
+    Column("pending_token_id", String(64), nullable=True, unique=True),
+    Column("pending_refresh_hash", String(64), nullable=True, unique=True),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
+)
+
+client_jtis = Table(
+    "dps_client_jtis",
+    metadata,
+    Column("issuer", String(1024), primary_key=True),
+    Column("jti", String(255), primary_key=True),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
 )
 
 control_planes = Table(
