@@ -27,7 +27,7 @@ DATASETS: list[dict[str, Any]] = [
     {
         "id": NARROW,
         "table": "public.readings",
-        "access_level": "internal",
+        "access_level": "open",
         "expose": True,
         "dataspace_expose": True,
         # listed out of table order: the fence keeps the table's (id, value)
@@ -40,7 +40,7 @@ DATASETS: list[dict[str, Any]] = [
     {
         "id": MASKED,
         "table": 'energy."Sites"',
-        "access_level": "internal",
+        "access_level": "open",
         "expose": True,
         "dataspace_expose": True,
         "columns": [
