@@ -57,7 +57,7 @@ PERMITS = {
 
 def plans(permit: Permit) -> dict[str, list[Plan]]:
     """narrow.readings narrowed by pod and org, the two columns it does not expose."""
-    return {NARROW: permit.plans()["readings"], MASKED: []}
+    return {**{d.id: [] for d in CATALOGUE.datasets}, NARROW: permit.plans()["readings"], MASKED: []}
 
 
 def narrow(db: Db, sql: str, permit: Permit, key: MaskKey | None = KEY) -> NarrowedQuery:
@@ -146,14 +146,7 @@ def test_an_unrestricted_dataset_beside_keeps_its_columns(db: Db) -> None:
     sql = (
         "SELECT m.pod, r.id FROM narrow.readings r JOIN grid.meters m ON m.pod = 'pod-1' WHERE pod = 'pod-1'"
     )
-    narrowed = narrow_query(
-        validate_query(sql, EXPOSURE),
-        EXPOSURE,
-        {**plans(PERMITS["every pod and org"]), "grid.meters": []},
-        db.columns,
-        KEY,
-    )
-    assert narrowed.sql.count("_dp_rf") >= 2
+    assert narrow(db, sql, PERMITS["every pod and org"]).sql.count("_dp_rf") >= 2
 
 
 async def test_masks_read_as_null_and_as_a_keyed_pseudonym(db: Db) -> None:
@@ -266,3 +259,29 @@ async def test_where_the_check_cannot_decide_postgresql_sees_only_the_fence(db: 
     assert answers == {("error", "query_failed", "Database query failed")}
     got = await through_gateway(db, template.format(c="count"), PERMITS["every pod and org"])
     assert got[0] == "rows" and len(got[1]) == 32
+
+
+SCOPES = {
+    # a LATERAL subquery sees the relations before it; a correlated one those around it
+    "SELECT r.id, l.k FROM narrow.readings r, LATERAL (SELECT value AS k) l": None,
+    "SELECT r.id FROM narrow.readings r WHERE r.id IN (SELECT m.kind FROM grid.meters m WHERE value > 1)": None,
+    # a derived table and a CTE body do not see the relations of the query they are part of
+    "SELECT d.k FROM grid.meters m, (SELECT kind AS k FROM narrow.readings) d": "column_not_exposed",
+    "WITH x AS (SELECT kind AS k FROM narrow.readings) SELECT x.k FROM x, grid.meters": "column_not_exposed",
+    # an output name serves ORDER BY and GROUP BY, not WHERE
+    "SELECT value AS v FROM narrow.readings ORDER BY v": None,
+    "SELECT value AS v FROM narrow.readings WHERE v > 1": "column_not_exposed",
+    # a relation's name is its whole row; an implicit output name is left to PostgreSQL
+    "SELECT r FROM narrow.readings r": None,
+    "SELECT count(*) FROM narrow.readings ORDER BY count": None,
+}
+
+
+@pytest.mark.parametrize("sql", SCOPES)
+def test_a_bare_name_is_judged_in_its_own_scope(db: Db, sql: str) -> None:
+    if SCOPES[sql] is None:
+        narrow(db, sql, PERMITS["every pod and org"])
+        return
+    with pytest.raises(ServiceError) as err:
+        narrow(db, sql, PERMITS["every pod and org"])
+    assert (err.value.code, err.value.detail) == (SCOPES[sql], NOT_EXPOSED)
