@@ -226,3 +226,12 @@ async def test_startup_refuses_a_hash_mask_without_the_mask_key(world: World, tm
         r = await client.post("/query", json={"sql": "SELECT pod FROM readings ORDER BY id"})
         assert r.status_code == 200, r.text
         assert [i["pod"] for i in r.json()["items"]] != ["pod-1", "pod-2", "pod-3"]
+
+
+def test_column_mask_key_is_a_secret_of_at_least_16_characters(world: World) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="column_mask_key"):
+        world.settings(column_mask_key="too-short")
+    settings = world.settings(column_mask_key=MASK_KEY)
+    assert MASK_KEY not in repr(settings) and MASK_KEY not in str(settings.model_dump())
