@@ -95,7 +95,7 @@ datasets:
     )
     entry = load_catalogue(path).datasets[0]
     listed = [(c.name, c.mask) for c in entry.columns or ()]
-    assert listed == [("id", None), ("pod", "hash"), ("owner", "null")]
+    assert listed == [("id", "none"), ("pod", "hash"), ("owner", "null")]
     assert entry.masks == {"pod": "hash", "owner": "null"}
 
 
@@ -105,7 +105,7 @@ datasets:
         ([], "at least 1"),
         (["id", "id"], "more than once"),
         ([{"name": "id", "mask": None}], "write mask: 'null'"),  # YAML's bare `mask: null`
-        ([{"name": "id", "mask": "md5"}], "'null' or 'hash'"),
+        ([{"name": "id", "mask": "md5"}], "'null' or 'hash'|'none'"),
         ([{"name": "id", "masked": "hash"}], "Extra inputs"),
         ([{"name": ""}], "at least 1"),
         ([7], "valid dictionary"),

@@ -55,10 +55,11 @@ Mask = Literal["null", "hash"]
 
 class ColumnSpec(ContractModel):
     """One exposed column: its name in the table, as PostgreSQL stores it, and its mask — `null`
-    (the column reads as NULL of its type) or `hash` (a keyed, stable pseudonym of its value)."""
+    (the column reads as NULL of its type), `hash` (a keyed, stable pseudonym of its value) or
+    `none` (the default: as it is)."""
 
     name: StrictStr = Field(min_length=1, max_length=63)
-    mask: Mask | None = None
+    mask: Mask | Literal["none"] = "none"  # "none": the value as it is
 
     @model_validator(mode="before")
     @classmethod
@@ -107,7 +108,7 @@ class DatasetEntry(ContractModel):
     @property
     def masks(self) -> dict[str, Mask]:
         """Masked column → its mask."""
-        return {c.name: c.mask for c in self.columns or () if c.mask is not None}
+        return {c.name: c.mask for c in self.columns or () if c.mask != "none"}
 
     @field_validator("table")
     @classmethod

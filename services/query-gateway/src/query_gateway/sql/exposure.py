@@ -63,9 +63,10 @@ def dataset_columns(entry: DatasetEntry, columns: ColumnTypes) -> DatasetColumns
     table = tuple(columns.get(entry.table, {}))
     if entry.columns is None:
         return DatasetColumns(entry.id, False, tuple((name, None) for name in table))
-    declared = {c.name: c.mask for c in entry.columns}
+    declared = {c.name for c in entry.columns}
+    masks = entry.masks
     # table order, so `SELECT *` reads as the table with the hidden columns left out
-    return DatasetColumns(entry.id, True, tuple((n, declared[n]) for n in table if n in declared))
+    return DatasetColumns(entry.id, True, tuple((n, masks.get(n)) for n in table if n in declared))
 
 
 def check_exposure(entry: DatasetEntry, table_columns: ColumnTypes) -> None:
