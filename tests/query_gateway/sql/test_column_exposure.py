@@ -199,7 +199,7 @@ def test_the_fence_lists_exactly_the_exposure_and_binds_the_key_after_the_allow_
         "column mask key (HMAC inner pad)",
         "column mask key (HMAC outer pad)",
     )
-    assert MASK_KEY not in repr(narrowed) and MASK_KEY not in repr(KEY)
+    assert repr(KEY) == "MaskKey(<withheld>)" and repr(narrowed) == "NarrowedQuery(params=<4>, denied=False)"
     assert {e.dataset_id: e.as_json() for e in narrowed.exposure} == {
         NARROW: {"declared": True, "columns": [{"name": "id"}, {"name": "value"}]},
         MASKED: {

@@ -28,7 +28,7 @@ from sqlglot import exp
 from dataplane_contracts.catalogue import Catalogue, DatasetEntry
 from query_gateway.sql.model import CatalogueMismatch, ColumnTypes, DatasetColumns
 from query_gateway.sql.scope import DIALECT
-from query_gateway.sql.verify import RF_ALIAS
+from query_gateway.sql.verify import RF_ALIAS, select_list
 
 _BLOCK = 64  # SHA-256's block size in bytes (RFC 2104's B)
 MASK_KEY_LABELS = ("column mask key (HMAC inner pad)", "column mask key (HMAC outer pad)")
@@ -140,7 +140,3 @@ def rendered(projection: list[exp.Expr] | None) -> str:
     text = ", ".join(p.sql(dialect=DIALECT) for p in projection)
     reparsed = sqlglot.parse_one(f"SELECT {text}", read=DIALECT)
     return select_list(reparsed)
-
-
-def select_list(select: exp.Expr) -> str:
-    return ", ".join(p.sql(dialect=DIALECT) for p in select.expressions)

@@ -13,7 +13,7 @@ from sqlglot import exp
 from dataplane_service_kit.errors import ServiceError
 from query_gateway.sql.scope import DIALECT, fold, table_parts, walk_tables
 
-RF_ALIAS = "_dp_rf"
+RF_ALIAS = "_dp_rf"  # reserved: validation refuses every `_dp_` identifier in a statement
 
 
 def _fail(why: str) -> ServiceError:
@@ -62,8 +62,7 @@ def verify_narrowed(
             or not isinstance(select.parent, exp.Subquery)
         ):
             raise _fail("a table read does not carry its predicate")
-        listed = ", ".join(p.sql(dialect=DIALECT) for p in select.expressions)
-        if (where.this.sql(dialect=DIALECT), listed) not in expected[key]:
+        if (where.this.sql(dialect=DIALECT), select_list(select)) not in expected[key]:
             raise _fail("a table read does not carry its predicate and exposed columns")
         guarded.append(where)
         guarded.extend(select.expressions)
@@ -81,6 +80,11 @@ def verify_narrowed(
         numbers.add(int(param.name) if param.name.isdigit() else -1)
     if numbers != set(range(1, n_params + 1)):
         raise _fail("parameters do not match the allow-lists")
+
+
+def select_list(select: exp.Expr) -> str:
+    """A SELECT's list as the verifier compares it with a fence's expected columns."""
+    return ", ".join(p.sql(dialect=DIALECT) for p in select.expressions)
 
 
 def _ancestors(node: exp.Expr) -> list[exp.Expr]:
