@@ -74,3 +74,45 @@ def test_builtin_binds_table() -> None:
     assert HANDLER_BINDS["organization_match"] == "organization"
     assert HANDLER_BINDS["member_wide"] == "organization"
     assert HANDLER_BINDS["allow_all"] is None
+
+
+def test_columns_default_to_every_column_and_a_list_narrows_with_masks(tmp_path: Path) -> None:
+    """Issue 15: no `columns:` is every column (catalogues written before it stay valid); a list
+    names the exposed columns, a bare name or `{name, mask}` with mask `null` or `hash`."""
+    assert Catalogue.model_validate({"datasets": [_entry()]}).datasets[0].columns is None
+    path = tmp_path / "catalogue.yaml"
+    path.write_text(
+        """
+datasets:
+  - id: energy.readings
+    table: public.readings
+    columns:
+      - id
+      - {name: pod, mask: hash}
+      - name: owner
+        mask: 'null'
+"""
+    )
+    entry = load_catalogue(path).datasets[0]
+    listed = [(c.name, c.mask) for c in entry.columns or ()]
+    assert listed == [("id", "none"), ("pod", "hash"), ("owner", "null")]
+    assert entry.masks == {"pod": "hash", "owner": "null"}
+
+
+@pytest.mark.parametrize(
+    ("columns", "why"),
+    [
+        ([], "at least 1"),
+        (["id", "id"], "more than once"),
+        ([{"name": "id", "mask": None}], "write mask: 'null'"),  # YAML's bare `mask: null`
+        ([{"name": "id", "mask": "md5"}], "'null' or 'hash'|'none'"),
+        ([{"name": "id", "masked": "hash"}], "Extra inputs"),
+        ([{"name": ""}], "at least 1"),
+        ([7], "valid dictionary"),
+    ],
+)
+def test_a_columns_list_is_refused_when_it_is_not_a_list_of_distinct_columns(
+    columns: list[object], why: str
+) -> None:
+    with pytest.raises(ValidationError, match=why):
+        Catalogue.model_validate({"datasets": [{**_entry(), "columns": columns}]})

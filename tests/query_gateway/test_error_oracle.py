@@ -1,5 +1,7 @@
 # ruff: noqa: E501 - SQL test data reads best on one line
-"""Issue 19, the error oracle: the row filter is a barrier on every narrowed path.
+"""Issue 19, the error oracle: the row filter is a barrier on every narrowed path. Issue 15: so is
+a narrowing that lists a dataset's exposed columns, and a statement naming an unexposed column is
+refused alike on every path, with the forbidden row or without it, the column or a missing one.
 
 A statement whose predicate raises on one chosen value (a division by zero, a failing cast) must
 get the same answer whether or not a row the caller may not read holds that value. Two gateways
@@ -98,6 +100,11 @@ CATALOGUE = {
         for ds_id, table in TABLES.items()
     ]
 }
+
+# Issue 15: a dataset over the unindexed table exposing id, pod and reading. `secret`, which the
+# statements aim at, and `owner`, the normal path's filter column, are not exposed.
+NARROW = "oracle.narrow"
+CATALOGUE["datasets"].append({**CATALOGUE["datasets"][0], "id": NARROW, "columns": ["id", "pod", "reading"]})
 
 
 @pytest.fixture(scope="module")
@@ -260,3 +267,45 @@ async def test_the_statements_detect_an_unfenced_narrowing(
             await conn.close()
     print(f"{leaks} of {len(STATEMENTS)} statements leak without the barrier")
     assert leaks >= 6, f"only {leaks} statements leak without the barrier"
+
+
+async def test_exposure_answers_the_same_on_every_path_with_and_without_a_forbidden_row(
+    gateways: tuple[httpx.AsyncClient, httpx.AsyncClient],
+    databases: tuple[str, str],
+    world: World,
+    ds: DsConnectorDouble,
+) -> None:
+    """Issue 15 on the normal, EDR and DPS paths: every statement naming the unexposed `secret`
+    is refused `column_not_exposed`, byte for byte as when it names a column no table has; the
+    one naming only exposed columns (a raising predicate on `reading`) answers the same rows with
+    and without the forbidden row, so a fence listing columns is a barrier too."""
+    a, b = gateways
+    row_filter = {
+        "handler": "subject_key_match",
+        "args": {"column": "pod", "key_type": "pod"},
+        "keys": [f"pod:{p}" for p in ALLOWED_PODS[:8]],
+        "subject_dids": ["did:web:subject.example"],
+    }
+    ds.set_policy(ds_policy([{"dataset_id": NARROW, "row_filter": row_filter}]))
+    paths = {
+        "normal": ("/query", {"Authorization": f"Bearer {world.user_token('user-7')}"}),
+        "edr": ("/query", {"Authorization": f"Bearer {world.edr()}", "Edc-Contract-Agreement-Id": AGREEMENT}),
+        "dps": ("/dps/public/query", {"Authorization": f"Bearer {await _pull_grant(databases[0], NARROW)}"}),
+    }
+    for name, (path, headers) in paths.items():
+        for statement, template in STATEMENTS.items():
+            sql = template.format(d=NARROW)
+            if "secret" not in sql:
+                status, items = await same_answers(a, b, path, sql, headers)
+                assert status == 200 and items, (name, statement, items)
+                continue
+            bodies = set()
+            for gateway in (a, b):
+                for text in (sql, sql.replace("secret", "nosuch")):
+                    r = await gateway.post(path, json={"sql": text}, headers=headers)
+                    assert (r.status_code, r.json()["error"]) == (400, "column_not_exposed"), (
+                        name,
+                        statement,
+                    )
+                    bodies.add(r.content)
+            assert len(bodies) == 1, (name, statement)

@@ -5,7 +5,8 @@ database B holding only the permitted rows under the dataset ids' own names; the
 the same multiset. What B holds and which requests are denies is derived from the raw allow-lists
 alone (`Permit` in sqlgw_support), never from the gateway's own conversion: a touched dataset whose
 allow-list keeps no value of its column's type is a deny, and a deny must answer nothing. The
-same model drives the oracle over the gateway's HTTP route (../test_oracle_http.py)."""
+same model drives the oracle over the gateway's HTTP route (../test_oracle_http.py). Issue 15:
+the exposure oracle's B holds only the exposed columns of narrow.readings (exposure_support)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from exposure_support import DATASETS, EXPOSED, POSITIONS, WHOLE, exposed_database, load_exposed
+from hypothesis import HealthCheck, event, example, given, settings
+from hypothesis import strategies as st
 from sqlgw_support import (
     CATALOGUE,
     SITE_UUIDS,
@@ -28,8 +31,9 @@ from sqlgw_support import (
     statements,
 )
 
+from dataplane_contracts.catalogue import Catalogue
 from dataplane_service_kit.errors import ServiceError
-from query_gateway.sql import validate_query
+from query_gateway.sql import narrow_query, validate_query
 from query_gateway.sql.rows import jsonable
 
 
@@ -114,4 +118,39 @@ async def test_raising_predicates_answer_as_a_database_holding_only_permitted_ro
         )
     except asyncpg.DataError:
         expected = ("error", "query_failed")
+    assert got == expected, sql
+
+
+EXPOSURE = Catalogue.model_validate({"datasets": [*CATALOGUE.model_dump()["datasets"], *DATASETS[:1]]})
+EXPOSURE_STATEMENTS = [t.format(c=c) for t in POSITIONS.values() for c in EXPOSED] + list(WHOLE.values())
+
+
+@pytest.fixture
+async def db_x(postgres_url: str) -> AsyncIterator[asyncpg.Connection]:
+    async with exposed_database(postgres_url) as conn:
+        yield conn
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=bool(os.environ.get("CI")),
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(sql=st.sampled_from(EXPOSURE_STATEMENTS), permit=permits)
+async def test_exposed_columns_answer_as_a_database_holding_only_the_exposed_columns(
+    db: Db, db_x: asyncpg.Connection, sql: str, permit: Permit
+) -> None:
+    """Issue 15: narrow.readings exposes id and value and is narrowed by pod and org, the two
+    columns it does not expose; B holds only (id, value) of the permitted rows."""
+    validated = validate_query(sql, EXPOSURE)
+    narrowed = narrow_query(validated, EXPOSURE, {"narrow.readings": permit.plans()["readings"]}, db.columns)
+    page = await db.executor.run(narrowed, offset=0, limit=10_000, skip_count=False)
+    got = multiset([tuple(item.values()) for item in page.items])
+    event("deny" if permit.denies(("readings",)) else "rows" if got else "empty")
+    if permit.denies(("readings",)):
+        assert (got, page.total) == ([], 0), sql
+        return
+    await load_exposed(db_x, permit)
+    expected = multiset([tuple(jsonable(v) for v in r.values()) for r in await db_x.fetch(sql)])
     assert got == expected, sql

@@ -13,7 +13,7 @@ from query_gateway.sql import narrow_query, validate_query
 from query_gateway.sql.verify import verify_narrowed
 
 PRED = '_dp_rf."pod" = ANY(CAST($1 AS TEXT[]))'
-EXPECTED = {("public", "readings"): {PRED}}
+EXPECTED = {("public", "readings"): {(PRED, "*")}}  # (predicate, select list)
 GOOD = f"SELECT * FROM (SELECT * FROM public.readings AS _dp_rf WHERE {PRED} OFFSET 0) AS r"
 
 BAD = {
@@ -47,7 +47,7 @@ def test_verifier_refuses_an_unnarrowed_read(case: str) -> None:
 
 def test_verifier_requires_false_in_every_select_of_a_deny() -> None:
     narrowing = "(SELECT * FROM public.readings AS _dp_rf WHERE FALSE OFFSET 0) AS r"
-    expected = {("public", "readings"): {"FALSE"}}
+    expected = {("public", "readings"): {("FALSE", "*")}}
     verify_narrowed(f"SELECT * FROM {narrowing} WHERE FALSE", expected, denied=True, n_params=0)
     with pytest.raises(ServiceError):
         verify_narrowed(f"SELECT * FROM {narrowing}", expected, denied=True, n_params=0)
@@ -79,7 +79,7 @@ def test_every_touched_dataset_needs_its_plans() -> None:
 def test_verifier_leaves_a_true_narrowing_unfenced_and_fences_every_other() -> None:
     """Issue 19: a predicate of TRUE hides no row, so it needs no barrier (and keeps the caller's
     predicates on the table's indexes); a deny's FALSE is fenced like any other predicate."""
-    expected = {("public", "readings"): {"TRUE"}}
+    expected = {("public", "readings"): {("TRUE", "*")}}
     verify_narrowed(
         "SELECT * FROM (SELECT * FROM public.readings AS _dp_rf WHERE TRUE) AS r",
         expected,
@@ -95,7 +95,7 @@ def test_verifier_leaves_a_true_narrowing_unfenced_and_fences_every_other() -> N
     with pytest.raises(ServiceError):
         verify_narrowed(
             "SELECT * FROM (SELECT * FROM public.readings AS _dp_rf WHERE FALSE) AS r WHERE FALSE",
-            {("public", "readings"): {"FALSE"}},
+            {("public", "readings"): {("FALSE", "*")}},
             denied=True,
             n_params=0,
         )

@@ -1,5 +1,6 @@
-"""The catalogue file: datasets, physical tables, access levels, exposure, and the two layers of
-each dataset's row policy (person, organization), each `{handler, args, binds}`."""
+"""The catalogue file: datasets, physical tables, access levels, exposure, the columns a dataset
+exposes (each optionally masked), and the two layers of each dataset's row policy (person,
+organization), each `{handler, args, binds}`."""
 
 from __future__ import annotations
 
@@ -49,6 +50,32 @@ class RowFilterSpec(ContractModel):
         return col if isinstance(col, str) and col else None
 
 
+Mask = Literal["null", "hash"]
+
+
+class ColumnSpec(ContractModel):
+    """One exposed column: its name in the table, as PostgreSQL stores it, and its mask — `null`
+    (the column reads as NULL of its type), `hash` (a keyed, stable pseudonym of its value) or
+    `none` (the default: as it is)."""
+
+    name: StrictStr = Field(min_length=1, max_length=63)
+    mask: Mask | Literal["none"] = "none"  # "none": the value as it is
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mask_spelled_out(cls, data: Any) -> Any:
+        # YAML reads a bare `mask: null` as no value at all, which would leave the column whole:
+        # refuse it rather than guess, and say how to write the mask
+        if isinstance(data, dict) and "mask" in data and data["mask"] is None:
+            raise ValueError("mask: null is YAML's null, not a mask; write mask: 'null' (quoted)")
+        return data
+
+
+def _column_spec(value: Any) -> Any:
+    """A bare name is an unmasked column: `- pod` reads as `- {name: pod}`."""
+    return {"name": value} if isinstance(value, str) else value
+
+
 class RowPolicy(ContractModel):
     person: RowFilterSpec | None = None
     organization: RowFilterSpec | None = None
@@ -61,6 +88,27 @@ class DatasetEntry(ContractModel):
     expose: StrictBool = False
     dataspace_expose: StrictBool = False
     row_filters: RowPolicy = Field(default_factory=RowPolicy)
+    # None: every column of the table, unmasked (catalogues written before column exposure)
+    columns: list[ColumnSpec] | None = Field(default=None, min_length=1)
+
+    @field_validator("columns", mode="before")
+    @classmethod
+    def _names_are_specs(cls, v: Any) -> Any:
+        return [_column_spec(c) for c in v] if isinstance(v, list) else v
+
+    @field_validator("columns")
+    @classmethod
+    def _columns_once(cls, v: list[ColumnSpec] | None) -> list[ColumnSpec] | None:
+        names = [c.name for c in v or ()]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"columns lists {twice[0]} more than once")
+        return v
+
+    @property
+    def masks(self) -> dict[str, Mask]:
+        """Masked column → its mask."""
+        return {c.name: c.mask for c in self.columns or () if c.mask != "none"}
 
     @field_validator("table")
     @classmethod

@@ -12,6 +12,7 @@ ErrorCode = Literal[
     "sql_refused",
     "unknown_dataset",
     "ambiguous_dataset",
+    "column_not_exposed",
     "query_timeout",
     "query_failed",
     "sql_too_long",
@@ -68,6 +69,7 @@ STATUS: dict[str, int] = {
     "sql_refused": 400,
     "unknown_dataset": 400,
     "ambiguous_dataset": 400,
+    "column_not_exposed": 400,  # the same answer whether the column exists unexposed or not at all
     "query_timeout": 400,
     "query_failed": 400,
     "sql_too_long": 400,

@@ -16,7 +16,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from dataplane_contracts.catalogue import load_catalogue
+from dataplane_contracts.catalogue import Catalogue, load_catalogue
 from dataplane_service_kit.errors import install_error_handlers
 from dataplane_service_kit.health import ReadinessCheck, health_router
 from dataplane_service_kit.limits import BodyLimit
@@ -34,6 +34,7 @@ from query_gateway.routes import QueryRoutes, body_refusals, dps_router, query_r
 from query_gateway.settings import GatewaySettings
 from query_gateway.sql import QueryExecutor, load_column_types
 from query_gateway.sql.execute import datasets_pool
+from query_gateway.sql.exposure import MaskKey, hash_masks
 
 log = get_logger("query_gateway")
 
@@ -110,6 +111,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             connector=ConnectorClient(http, settings, service_tokens(http, settings)),
             disclosures=DisclosurePublisher(producer, settings.audit_publish_timeout_ms),
             pull=pull,
+            mask_key=_mask_key(settings, catalogue),  # refuses start-up without a needed key
         )
 
         # readiness asks the broker itself (metadata, answer kept 1.5 s), not a flag set at start
@@ -149,6 +151,15 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
         app.state.checks = {}
         app.state.capabilities = {}
+
+
+def _mask_key(settings: GatewaySettings, catalogue: Catalogue) -> MaskKey | None:
+    """COLUMN_MASK_KEY, required when the catalogue masks any column by hash."""
+    hashed = hash_masks(catalogue)
+    if hashed and settings.column_mask_key is None:
+        raise StartupRefused(f"COLUMN_MASK_KEY is required: dataset {hashed[0]} masks a column by hash")
+    secret = settings.column_mask_key
+    return MaskKey.of(secret.get_secret_value()) if secret is not None else None
 
 
 async def _bounded_stop(producer: AIOKafkaProducer) -> None:

@@ -37,6 +37,7 @@ from query_gateway.sql import (
     validate_query,
 )
 from query_gateway.sql.execute import check_text
+from query_gateway.sql.exposure import MaskKey
 from query_gateway.sql.shape import shape_of
 from query_gateway.sql.validate import analyse
 
@@ -97,6 +98,7 @@ class Gateway:
     connector: ConnectorClient
     disclosures: DisclosurePublisher
     pull: PullVerifier | None = None
+    mask_key: MaskKey | None = None  # COLUMN_MASK_KEY, for the catalogue's `hash` column masks
     entries: dict[str, DatasetEntry] = field(default_factory=dict)
     plugin_binds: dict[str, Binds] = field(default_factory=dict)
 
@@ -171,7 +173,9 @@ class Gateway:
     # ------------------------------------------------------------------ execution
     async def narrow(self, q: ValidatedQuery, plans: Mapping[str, Sequence[Plan]]) -> NarrowedQuery:
         """The rewrite and its verification (cached per shape), off the loop for a long text."""
-        return await _off_loop_if_long(q.text, narrow_query, q, self.catalogue, plans, self.columns)
+        return await _off_loop_if_long(
+            q.text, narrow_query, q, self.catalogue, plans, self.columns, self.mask_key
+        )
 
     async def execute(self, narrowed: NarrowedQuery, body: QueryBody, dataspace: bool) -> QueryPage:
         if dataspace:

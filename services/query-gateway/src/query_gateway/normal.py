@@ -70,4 +70,5 @@ async def explain_normal(
         "sql": narrowed.sql,
         "params": [{"param": f"${i}", "label": label} for i, label in enumerate(narrowed.param_labels, 1)],
         "denied": narrowed.denied,
+        "exposure": {d.dataset_id: d.as_json() for d in narrowed.exposure},  # names and masks only
     }

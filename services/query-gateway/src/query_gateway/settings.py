@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from dataplane_contracts.settings import (
     ConnectorSettings,
@@ -55,6 +55,16 @@ class GatewaySettings(
     # ds's answers reused for the ttl ds sends with each (query_gateway.decision_cache)
     ds_decision_cache_enabled: bool = True
     ds_decision_cache_maxsize: int = Field(default=10_000, ge=1)
+    # the per-deployment key of the catalogue's `hash` column masks (sql/exposure.py); required
+    # at start-up when any dataset declares one. Changing it changes every pseudonym
+    column_mask_key: SecretStr | None = None
+
+    @field_validator("column_mask_key")
+    @classmethod
+    def _mask_key_long_enough(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and len(v.get_secret_value()) < 16:
+            raise ValueError("must be at least 16 characters")
+        return v
 
     @field_validator("dps_token_public_key")
     @classmethod

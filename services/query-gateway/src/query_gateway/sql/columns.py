@@ -15,6 +15,7 @@ from decimal import Decimal, InvalidOperation
 import asyncpg
 
 from dataplane_contracts.catalogue import Catalogue
+from query_gateway.sql.exposure import check_exposure
 from query_gateway.sql.model import CatalogueMismatch, ColumnTypes
 
 _INT_RE = re.compile(r"^[+-]?\d{1,20}$")
@@ -142,7 +143,8 @@ def convert_values(values: tuple[object, ...], pg_type: str) -> list[object]:
 
 async def load_column_types(pool: asyncpg.Pool, catalogue: Catalogue) -> ColumnTypes:
     """Every catalogued table's columns and types; CatalogueMismatch names dataset, filter and
-    column when a filter column is missing (GS-09), or the dataset and table when it is."""
+    column when a filter column is missing (GS-09), the dataset and column when its `columns:`
+    list names one the table lacks, or the dataset and table when the table is missing."""
     result: dict[str, dict[str, str]] = {}
     async with pool.acquire() as conn:
         for entry in catalogue.datasets:
@@ -162,6 +164,7 @@ async def load_column_types(pool: asyncpg.Pool, catalogue: Catalogue) -> ColumnT
                 )
                 columns = {r["attname"]: r["type"] for r in rows}
                 result[entry.table] = columns
+            check_exposure(entry, result)
             for layer in ("person", "organization"):
                 spec = getattr(entry.row_filters, layer)
                 if spec is None or spec.column is None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from dataplane_contracts.catalogue import Mask
+
 # physical table (as written in the catalogue) -> column -> PostgreSQL type name
 ColumnTypes = Mapping[str, Mapping[str, str]]
 
@@ -19,6 +21,30 @@ class ValidatedQuery:
 
 
 @dataclass(frozen=True)
+class DatasetColumns:
+    """What one dataset exposes: its columns in table order, each with its mask (None: as is)."""
+
+    dataset_id: str
+    declared: bool  # a `columns:` list; False: every column of the table, none masked
+    columns: tuple[tuple[str, Mask | None], ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.columns)
+
+    @property
+    def hashes(self) -> bool:
+        return any(mask == "hash" for _, mask in self.columns)
+
+    def as_json(self) -> dict[str, object]:
+        """What `POST /query/plan` shows: names and masks, never a value or the key."""
+        return {
+            "declared": self.declared,
+            "columns": [{"name": n} if m is None else {"name": n, "mask": m} for n, m in self.columns],
+        }
+
+
+@dataclass(frozen=True)
 class NarrowedQuery:
     sql: str  # rewritten statement, $1..$n placeholders
     params: tuple[object, ...]  # bound values, already of the column's Python type
@@ -26,6 +52,7 @@ class NarrowedQuery:
     denied: bool  # some plan was a deny: FALSE in every SELECT
     # the outer ORDER BY of the page query, from the caller's tree (QE-04): paging parses nothing
     order_by: str = ""
+    exposure: tuple[DatasetColumns, ...] = ()  # the touched datasets' columns, as `/query/plan` shows them
 
     def __repr__(self) -> str:  # the params are personal data (RF-08)
         return f"NarrowedQuery(params=<{len(self.params)}>, denied={self.denied})"

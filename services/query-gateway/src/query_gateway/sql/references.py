@@ -9,7 +9,14 @@ column of every relation called `rel` that the reference could mean, and refuses
 "Certainly": the names known for a relation are a subset of its real columns — a catalogued
 table's columns read at start-up, the explicit names of a derived table or CTE (aliases, plain
 column references, stars over known relations, an alias column list). A computed column without
-an `AS` name is not known, so a qualified reference to it is refused with a hint to name it."""
+an `AS` name is not known, so a qualified reference to it is refused with a hint to name it.
+
+Column exposure (issue 15): a catalogued table's known names are its dataset's exposed columns
+only, the names its narrowing subquery lists. In a statement reading a dataset with a `columns:`
+list, a reference that names no reachable column is refused `column_not_exposed` — qualified, or
+unqualified when every name in its scope is known (otherwise PostgreSQL decides, and it sees only
+the exposed columns too). The decision reads exposed names alone, never the table's other
+columns, so a column that exists unexposed and one that does not exist get the same answer."""
 
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ from sqlglot import exp
 
 from dataplane_contracts.catalogue import Catalogue
 from dataplane_service_kit.errors import ServiceError
+from query_gateway.sql.exposure import dataset_columns
 from query_gateway.sql.model import ColumnTypes
 from query_gateway.sql.scope import fold, table_parts, table_refs
 from query_gateway.sql.validate import resolve_reference
@@ -33,6 +41,17 @@ def _refuse(detail: str) -> ServiceError:
     return ServiceError("sql_refused", detail)
 
 
+# the one answer to every unreachable name: it must not tell an unexposed column from a missing one
+NOT_EXPOSED = (
+    "Query refers to a column that is not exposed; a computed column of a subquery or CTE is "
+    "referred to by the name given to it with AS"
+)
+
+
+def _not_exposed() -> ServiceError:
+    return ServiceError("column_not_exposed", NOT_EXPOSED)
+
+
 class _Resolver:
     def __init__(self, catalogue: Catalogue, columns: ColumnTypes) -> None:
         self._entries = catalogue.by_id()
@@ -40,7 +59,9 @@ class _Resolver:
         self._columns = columns
         # Select node id -> relation name -> every output-name tuple a relation of that name has
         self._sources: dict[int, dict[str, list[Names]]] = {}
+        self._ordered: dict[int, list[Names]] = {}  # Select node id -> every source's names
         self._outputs: dict[int, Names] = {}
+        self._declared = False  # the statement reads a dataset with a `columns:` list
 
     # ------------------------------------------------------------------ relations
     def outputs(self, query: exp.Expr, ctes: dict[str, Names]) -> Names:
@@ -77,6 +98,7 @@ class _Resolver:
                 sources.setdefault(name, []).append(names)
             ordered.append(names)
         self._sources[id(select)] = sources
+        self._ordered[id(select)] = ordered
         out: list[str | None] = []
         for projection in select.expressions:
             out.extend(_projection_names(projection, sources, ordered))
@@ -97,12 +119,11 @@ class _Resolver:
                 return name, _renamed(ctes[fold(parts[0])], alias_cols)
             folded, raw = table_refs(item)
             found = resolve_reference(folded, raw, self._catalogue)
-            table = self._entries[found].table if found is not None else None
-            known = (
-                tuple(self._columns[table])
-                if table is not None and table in self._columns
-                else (_UNKNOWN_RUN,)
-            )
+            entry = self._entries[found] if found is not None else None
+            known: Names = (_UNKNOWN_RUN,)
+            if entry is not None and entry.table in self._columns:
+                known = dataset_columns(entry, self._columns).names  # its fence's columns
+                self._declared = self._declared or entry.columns is not None
             return name, _renamed(known, alias_cols)
         if isinstance(item, exp.Lateral):  # validation admits LATERAL on a subquery only
             inner_name, names = self._source(item.this, ctes)
@@ -120,13 +141,20 @@ class _Resolver:
                 raise _refuse("Field selection ((expression).name) is not allowed")
             if isinstance(node, exp.Column):
                 self._check_column(node)
+            elif isinstance(node, exp.Join) and self._declared:
+                for using in node.args.get("using") or ():
+                    if isinstance(using, exp.Identifier):
+                        self._check_unqualified(fold(using), node)
 
     def _check_column(self, col: exp.Column) -> None:
         if col.args.get("db") is not None or col.args.get("catalog") is not None:
             raise _refuse("A column reference may have at most two parts: relation.column")
         qualifier = col.args.get("table")
         if not isinstance(qualifier, exp.Identifier):
-            return  # unqualified: PostgreSQL never reads a bare name as a function call
+            # unqualified: PostgreSQL never reads a bare name as a function call
+            if self._declared and isinstance(col.this, exp.Identifier):
+                self._check_unqualified(fold(col.this), col)
+            return
         rel = fold(qualifier)
         candidates = [
             names
@@ -139,10 +167,61 @@ class _Resolver:
             return
         name = fold(col.this) if isinstance(col.this, exp.Identifier) else None
         if name is None or any(name not in names for names in candidates):
+            if self._declared:
+                raise _not_exposed()
             raise _refuse(
                 f"{qualifier.this}.{col.name} is not a column of {qualifier.this}; a computed column "
                 "of a subquery or CTE is referred to by the name given to it with AS"
             )
+
+    def _check_unqualified(self, name: str, node: exp.Expr) -> None:
+        """Refuses a bare name that is no column, relation (a whole-row reference) or, in ORDER
+        BY, GROUP BY and DISTINCT ON, output name in its scope. When a name in scope is not known
+        (a computed column's implicit name, a star over an unknown relation), it is left to
+        PostgreSQL, which sees the exposed columns only."""
+        visible: set[str | None] = set()
+        for select, via in _scopes(node):
+            visible.update(self._sources.get(id(select), {}))
+            for names in self._ordered.get(id(select), []):
+                visible.update(names)
+            if via in ("order", "group", "distinct"):
+                for projection in select.expressions:
+                    visible.update(_output_name(projection))
+        if None in visible or _UNKNOWN_RUN in visible:
+            return
+        if name not in visible:
+            raise _not_exposed()
+
+
+def _output_name(projection: exp.Expr) -> Names:
+    """A projection's explicit output name; None for one PostgreSQL names itself (`count`)."""
+    if isinstance(projection, exp.Alias) and isinstance(projection.args.get("alias"), exp.Identifier):
+        return (fold(projection.args["alias"]),)
+    if isinstance(projection, exp.Column) and isinstance(projection.this, exp.Identifier):
+        return (fold(projection.this),)
+    if isinstance(projection, exp.Star) or (isinstance(projection, exp.Column) and projection.is_star):
+        return ()
+    return (None,)
+
+
+def _scopes(node: exp.Expr) -> Iterable[tuple[exp.Select, str | None]]:
+    """The SELECTs whose relations a name at `node` can refer to, innermost first, each with the
+    clause of it the name sits in. A derived table in FROM or JOIN (unless LATERAL) and a CTE body
+    do not see the relations of the query they are part of, only those of the queries around it."""
+    prev, parent = node, node.parent
+    blocked = lateral = False
+    while parent is not None:
+        if isinstance(parent, exp.Select):
+            if not blocked:
+                yield parent, prev.arg_key
+            blocked = lateral = False
+        elif isinstance(parent, exp.Lateral):
+            lateral = True
+        elif isinstance(parent, exp.From | exp.Join) and prev.arg_key == "this":
+            blocked = blocked or not lateral
+        elif isinstance(parent, exp.With):
+            blocked = True
+        prev, parent = parent, parent.parent
 
 
 def _enclosing_selects(node: exp.Expr) -> Iterable[exp.Select]:

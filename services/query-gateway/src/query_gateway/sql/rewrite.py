@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from sqlglot import exp
 
@@ -13,14 +14,20 @@ from dataplane_contracts.catalogue import Catalogue, DatasetEntry
 from dataplane_contracts.plans import Plan
 from dataplane_service_kit.errors import ServiceError
 from query_gateway.sql.columns import cast_for, convert_values
-from query_gateway.sql.model import ColumnTypes, NarrowedQuery, ValidatedQuery
+from query_gateway.sql.exposure import (
+    MASK_KEY_LABELS,
+    MaskKey,
+    dataset_columns,
+    fence_column,
+    fence_projection,
+    rendered,
+)
+from query_gateway.sql.model import ColumnTypes, DatasetColumns, NarrowedQuery, ValidatedQuery
 from query_gateway.sql.pagination import outer_order_by
 from query_gateway.sql.references import check_references
 from query_gateway.sql.scope import DIALECT, fold, table_parts, table_refs, walk_tables
 from query_gateway.sql.validate import analyse, resolve_reference
-from query_gateway.sql.verify import is_true, verify_narrowed
-
-RF_ALIAS = "_dp_rf"  # reserved: validation refuses every `_dp_` identifier in a statement
+from query_gateway.sql.verify import RF_ALIAS, is_true, verify_narrowed
 
 
 def physical_table(entry: DatasetEntry) -> exp.Table:
@@ -40,7 +47,7 @@ def physical_key(table: exp.Table) -> tuple[str, ...]:
 
 def _predicate(column: str, pg_type: str, index: int) -> exp.Expr:
     elem, native = cast_for(pg_type)
-    col = exp.column(exp.to_identifier(column, quoted=True), table=exp.to_identifier(RF_ALIAS))
+    col = fence_column(column)
     lhs: exp.Expr = col if native else exp.cast(col, "text", dialect=DIALECT)
     array = exp.cast(exp.Parameter(this=exp.Literal.number(index)), f"{elem}[]", dialect=DIALECT)
     return exp.EQ(this=lhs, expression=exp.Any(this=exp.Paren(this=array)))
@@ -51,12 +58,23 @@ def _label(plan: Plan, dataset_id: str, column: str, count: int) -> str:
     return f"{base} ({count} value{'s' if count != 1 else ''})"
 
 
-# A narrowed statement depends on the text, the catalogue, whether it is a deny, and for each
-# dataset the (column, type) of each allow-list — never on the values, which are bound
-# parameters. So the rewrite and its verification run once per shape, not once per request.
+# A narrowed statement depends on the text, the catalogue (its column exposure among it), whether
+# it is a deny, and for each dataset the (column, type) of each allow-list — never on the values,
+# which are bound parameters, nor on the mask key, bound too. So the rewrite and its verification
+# run once per shape, not once per request.
 NarrowShape = tuple[tuple[str, tuple[tuple[str, str], ...]], ...]
+
+
+@dataclass(frozen=True)
+class _Rewritten:
+    sql: str
+    order_by: str
+    masked: bool  # a fence computes a `hash` mask: the mask key is bound after the allow-lists
+    exposure: tuple[DatasetColumns, ...]  # of the statement's datasets, for `POST /query/plan`
+
+
 CACHE_SIZE = 1024
-_cache: OrderedDict[tuple[str, int, bool, NarrowShape], tuple[Catalogue, tuple[str, str]]] = OrderedDict()
+_cache: OrderedDict[tuple[str, int, bool, NarrowShape], tuple[Catalogue, _Rewritten]] = OrderedDict()
 _cache_lock = threading.Lock()
 
 
@@ -65,11 +83,13 @@ def narrow_query(
     catalogue: Catalogue,
     plans: Mapping[str, Sequence[Plan]],
     columns: ColumnTypes,
+    mask_key: MaskKey | None = None,
 ) -> NarrowedQuery:
-    """Every real table reference becomes `(SELECT * FROM schema.table AS _dp_rf WHERE <pred>
-    OFFSET 0) alias`, a barrier (see `_narrowed`). A deny — a `deny` plan, or an allow-list none
-    of whose values converts — puts FALSE into every SELECT. Raises ServiceError("sql_refused")
-    when anything cannot be proven."""
+    """Every real table reference becomes `(SELECT <exposed> FROM schema.table AS _dp_rf WHERE
+    <pred> OFFSET 0) alias`, a barrier (see `_narrowed`) listing exactly the dataset's exposed
+    columns (`*` without a `columns:` list). A deny — a `deny` plan, or an allow-list none of
+    whose values converts — puts FALSE into every SELECT. Raises ServiceError("sql_refused") when
+    anything cannot be proven, ServiceError("column_not_exposed") for a column it cannot reach."""
     entries = catalogue.by_id()
     params: list[object] = []
     labels: list[str] = []
@@ -99,15 +119,25 @@ def narrow_query(
         shape.append((ds_id, tuple(specs)))
     if denied:  # nothing is read, so nothing needs binding
         params, labels = [], []
-    sql, order_by = _narrowed_sql(q, catalogue, columns, denied, tuple(shape))
+    rewritten = _narrowed_sql(q, catalogue, columns, denied, tuple(shape))
+    if rewritten.masked:
+        if mask_key is None:  # start-up requires the key with a hash mask; a library caller may not
+            raise ServiceError("sql_refused", "a column is masked by hash, and no mask key is configured")
+        params.extend(mask_key.params)
+        labels.extend(MASK_KEY_LABELS)
     return NarrowedQuery(
-        sql=sql, params=tuple(params), param_labels=tuple(labels), denied=denied, order_by=order_by
+        sql=rewritten.sql,
+        params=tuple(params),
+        param_labels=tuple(labels),
+        denied=denied,
+        order_by=rewritten.order_by,
+        exposure=rewritten.exposure,
     )
 
 
 def _narrowed_sql(
     q: ValidatedQuery, catalogue: Catalogue, columns: ColumnTypes, denied: bool, shape: NarrowShape
-) -> tuple[str, str]:
+) -> _Rewritten:
     key = (q.text, id(catalogue), denied, shape)
     with _cache_lock:
         hit = _cache.get(key)
@@ -125,7 +155,7 @@ def _narrowed_sql(
 
 def _rewrite(
     q: ValidatedQuery, catalogue: Catalogue, columns: ColumnTypes, denied: bool, shape: NarrowShape
-) -> tuple[str, str]:
+) -> _Rewritten:
     """The narrowed statement for one shape, proven on a fresh parse, and its outer ORDER BY."""
     analysis = analyse(q.text, catalogue)
     if analysis.validated.dataset_ids != q.dataset_ids:
@@ -142,6 +172,15 @@ def _rewrite(
         preds[ds_id] = exp.false() if denied else (exp.and_(*conds) if conds else exp.true())
     if denied:
         n_params = 0
+    # the mask key's two parameters follow the allow-lists', shared by every fence that hashes
+    exposure = {ds_id: dataset_columns(entries[ds_id], columns) for ds_id, _ in shape}
+    masked = not denied and any(exposure[ds_id].hashes for ds_id, _ in shape)
+    fences = {
+        ds_id: fence_projection(
+            exposure[ds_id], columns, entries[ds_id].table, denied=denied, key_param=n_params + 1
+        )
+        for ds_id, _ in shape
+    }
 
     tree = analysis.tree.copy()
     if denied:
@@ -154,19 +193,23 @@ def _rewrite(
         found = resolve_reference(folded, raw, catalogue)
         if found is None or found not in preds:
             raise ServiceError("sql_refused", "a table reference could not be narrowed")
-        table.replace(_narrowed(table, entries[found], preds[found]))
+        table.replace(_narrowed(table, entries[found], preds[found], fences[found]))
     sql = tree.sql(dialect=DIALECT)
 
-    expected: dict[tuple[str, ...], set[str]] = {}
+    expected: dict[tuple[str, ...], set[tuple[str, str]]] = {}
     for ds_id, pred in preds.items():
         key = physical_key(physical_table(entries[ds_id]))
-        expected.setdefault(key, set()).add(pred.sql(dialect=DIALECT))
-    verify_narrowed(sql, expected, denied=denied, n_params=n_params)
+        expected.setdefault(key, set()).add((pred.sql(dialect=DIALECT), rendered(fences[ds_id])))
+    verify_narrowed(sql, expected, denied=denied, n_params=n_params + (2 if masked else 0))
     # the rewrite replaces table references only, so the top-level ORDER BY is the caller's own
-    return sql, outer_order_by(analysis.tree)
+    return _Rewritten(
+        sql, outer_order_by(analysis.tree), masked, tuple(exposure[ds_id] for ds_id, _ in shape)
+    )
 
 
-def _narrowed(table: exp.Table, entry: DatasetEntry, pred: exp.Expr) -> exp.Subquery:
+def _narrowed(
+    table: exp.Table, entry: DatasetEntry, pred: exp.Expr, projection: list[exp.Expr] | None
+) -> exp.Subquery:
     """The narrowing subquery of one table reference.
 
     A plain subquery is pulled up by PostgreSQL into the query around it, and the quals of one
@@ -176,10 +219,14 @@ def _narrowed(table: exp.Table, entry: DatasetEntry, pred: exp.Expr) -> exp.Subq
     of its own — never pulled up, no qual pushed into it — so every row the caller's SQL sees has
     passed the filter (the guarantee of PostgreSQL's security_barrier views). A predicate
     of TRUE hides no row, so there is nothing to fence and the caller's predicates keep the
-    table's indexes."""
+    table's indexes.
+
+    The select list is the dataset's exposure (`projection`; None: `*`): a column it leaves out
+    exists for no expression above the subquery, whatever the caller writes."""
     source = physical_table(entry)
     source.set("alias", exp.TableAlias(this=exp.to_identifier(RF_ALIAS)))
-    inner = exp.Select(expressions=[exp.Star()]).from_(source, copy=False).where(pred.copy(), copy=False)
+    listed = [p.copy() for p in projection] if projection is not None else [exp.Star()]
+    inner = exp.Select(expressions=listed).from_(source, copy=False).where(pred.copy(), copy=False)
     if not is_true(pred):
         inner.set("offset", exp.Offset(expression=exp.Literal.number(0)))
     alias = table.args.get("alias")

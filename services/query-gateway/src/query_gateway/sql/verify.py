@@ -1,8 +1,9 @@
 """The post-rewrite check: on a fresh parse of the rewritten text, every table read must be the
-inner table of a narrowing subquery carrying its dataset's predicate and, unless that predicate is
-TRUE, the `OFFSET 0` barrier that keeps the caller's predicates from seeing a row the filter
-rejects; a deny must have FALSE in every SELECT; every bound parameter must sit in such a
-predicate. Anything else is refused."""
+inner table of a narrowing subquery carrying its dataset's predicate and select list (exactly its
+exposed columns and masks, or `*` when the dataset has no `columns:` list) and, unless that
+predicate is TRUE, the `OFFSET 0` barrier that keeps the caller's predicates from seeing a row the
+filter rejects; a deny must have FALSE in every SELECT; every bound parameter must sit in such a
+predicate or select list. Anything else is refused."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from sqlglot import exp
 from dataplane_service_kit.errors import ServiceError
 from query_gateway.sql.scope import DIALECT, fold, table_parts, walk_tables
 
-RF_ALIAS = "_dp_rf"
+RF_ALIAS = "_dp_rf"  # reserved: validation refuses every `_dp_` identifier in a statement
 
 
 def _fail(why: str) -> ServiceError:
@@ -20,8 +21,10 @@ def _fail(why: str) -> ServiceError:
 
 
 def verify_narrowed(
-    sql: str, expected: dict[tuple[str, ...], set[str]], *, denied: bool, n_params: int
+    sql: str, expected: dict[tuple[str, ...], set[tuple[str, str]]], *, denied: bool, n_params: int
 ) -> None:
+    """`expected`: physical table → the (predicate, select list) pairs of its datasets, as a fresh
+    parse renders them; a read must carry one pair whole."""
     try:
         tree = sqlglot.parse_one(sql, read=DIALECT)
     except Exception:
@@ -55,14 +58,14 @@ def verify_narrowed(
             extra
             or (select.args.get("offset") is not None and not fenced)
             or (not fenced and not (isinstance(where, exp.Where) and is_true(where.this)))
-            or len(select.expressions) != 1
-            or not isinstance(select.expressions[0], exp.Star)
             or not isinstance(where, exp.Where)
-            or where.this.sql(dialect=DIALECT) not in expected[key]
             or not isinstance(select.parent, exp.Subquery)
         ):
             raise _fail("a table read does not carry its predicate")
+        if (where.this.sql(dialect=DIALECT), select_list(select)) not in expected[key]:
+            raise _fail("a table read does not carry its predicate and exposed columns")
         guarded.append(where)
+        guarded.extend(select.expressions)
     if denied:
         for select in tree.find_all(exp.Select):
             cond = select.args.get("where")
@@ -70,12 +73,27 @@ def verify_narrowed(
             if not _is_false(cond):
                 raise _fail("a SELECT of a denied statement can read rows")
     numbers: set[int] = set()
+    inside = {id(node) for node in guarded}
     for param in tree.find_all(exp.Parameter, exp.Placeholder):
-        if not any(param.find_ancestor(exp.Where) is w for w in guarded):
-            raise _fail("a parameter outside a narrowing predicate")
+        if not any(id(up) in inside for up in _ancestors(param)):
+            raise _fail("a parameter outside a narrowing predicate or select list")
         numbers.add(int(param.name) if param.name.isdigit() else -1)
     if numbers != set(range(1, n_params + 1)):
         raise _fail("parameters do not match the allow-lists")
+
+
+def select_list(select: exp.Expr) -> str:
+    """A SELECT's list as the verifier compares it with a fence's expected columns."""
+    return ", ".join(p.sql(dialect=DIALECT) for p in select.expressions)
+
+
+def _ancestors(node: exp.Expr) -> list[exp.Expr]:
+    out = []
+    parent = node.parent
+    while parent is not None:
+        out.append(parent)
+        parent = parent.parent
+    return out
 
 
 def is_true(cond: exp.Expr | None) -> bool:
