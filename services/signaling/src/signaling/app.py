@@ -20,12 +20,14 @@ from dataplane_service_kit.errors import ServiceError, install_error_handlers
 from dataplane_service_kit.health import ReadinessCheck, health_router
 from dataplane_service_kit.logs import get_logger
 from dataplane_service_kit.oauth import ClientCredentialsToken
+from dataplane_service_kit.openapi import distribution_version, openapi_document
 from dataplane_service_kit.telemetry import FASTAPI_TELEMETRY
 from signaling import audit, metrics
 from signaling.callbacks import ControlPlaneClient
 from signaling.flows import FlowService
 from signaling.migrate import check_at_head
 from signaling.oidc import JwtVerifier
+from signaling.openapi import SECURITY_SCHEMES
 from signaling.outbox import OutboxRelay
 from signaling.routes import router
 from signaling.settings import Settings
@@ -223,11 +225,16 @@ class RecountFlowsOnScrape:
 def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(
         title="dataplane signaling",
+        summary="Data Plane Signaling: data flows, pull tokens, control-plane registrations",
+        version=distribution_version("dataplane-signaling"),
         lifespan=_lifespan(settings),
-        docs_url=None,
+        openapi_url="/openapi.json",
+        docs_url="/docs",
         redoc_url=None,
-        openapi_url=None,
         telemetry=FASTAPI_TELEMETRY,
+    )
+    app.openapi = openapi_document(  # type: ignore[method-assign]
+        app, security_schemes=SECURITY_SCHEMES if settings.dps_enabled else None
     )
     _install_audited_errors(app)
     app.add_middleware(RecountFlowsOnScrape)
