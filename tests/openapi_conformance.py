@@ -29,7 +29,8 @@ CHECKS = [
 ]
 
 # few examples per operation and mode: the suite's budget for both documents is about a minute
-EXAMPLES = 12
+# on a loaded 2-core machine (the requests are the same on every run: derandomized)
+EXAMPLES = 8
 
 
 def load(base_url: str) -> Any:

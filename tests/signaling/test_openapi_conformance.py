@@ -80,9 +80,9 @@ def test_schemathesis_finds_no_5xx_and_no_undocumented_answer(
         answer = conformance.call_checked(ops[key], path_parameters=params, headers=auth)
         assert answer.status_code == 200, (key, answer.text)
     assert conformance.call_checked(ops["GET /dps/registration"], headers=auth).status_code == 200
-    sent = sum(conformance.run_operation(op, headers=auth) for op in ops.values())
+    sent = sum(conformance.run_operation(op, headers=auth, examples=5) for op in ops.values())
     assert sent >= len(ops)
     # and without a bearer, every signal is refused before anything else (DPS-02)
     for key, op in ops.items():
         if key.split(" ", 1)[1].startswith("/dps"):
-            assert conformance.run_operation(op, examples=2) > 0
+            assert conformance.run_operation(op, examples=1) > 0

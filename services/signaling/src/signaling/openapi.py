@@ -33,6 +33,7 @@ def signal(
     ok: type[BaseModel] | None = None,
     ok_status: int = 200,
     ok_description: str = "done",
+    description: str | None = None,
 ) -> dict[str, Any]:
     """The route decorator's documentation arguments of one signal."""
     answer: dict[str, Any] = {"description": ok_description}
@@ -44,11 +45,18 @@ def signal(
     return {
         **kwargs,
         "summary": summary,
+        "description": description,
         "status_code": ok_status,
         "responses": {ok_status: answer, **error_responses(*codes, headers={401: BEARER_CHALLENGE})},
         "openapi_extra": {"security": [{"controlPlane": []}]},
     }
 
+
+# the schema shows one spelling of each; the tolerant reader takes both (DPS-03)
+SPELLINGS = (
+    "A tolerant reader (DPS-03): unknown fields are ignored; the flow id is read from `dataFlowId` "
+    "or `processId`, the transfer type from `transferType` (RC2) or `profile` (RC3+)."
+)
 
 REGISTRATION = _SIGNAL
 CONTROL_PLANE_PUT = (*_STORED, "invalid_message", "control_plane_taken")

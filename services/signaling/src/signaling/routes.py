@@ -144,7 +144,12 @@ async def delete_control_plane(controlplane_id: str, caller: Caller, request: Re
 
 @flows.post(
     "/prepare",
-    **api.signal("Prepare a consumer-side flow (DPS-04)", *api.PREPARE, ok=DataFlowStatusMessage),
+    **api.signal(
+        "Prepare a consumer-side flow (DPS-04)",
+        *api.PREPARE,
+        ok=DataFlowStatusMessage,
+        description=api.SPELLINGS,
+    ),
 )
 async def prepare(msg: DataFlowPrepareMessage, caller: Caller, dps: DpsDep) -> JSONResponse:
     answer = await dps.flows.prepare(msg, caller)
@@ -158,6 +163,7 @@ async def prepare(msg: DataFlowPrepareMessage, caller: Caller, dps: DpsDep) -> J
         "Start a provider-side pull flow: the pull address and its token (DPS-05, DPS-06)",
         *api.START,
         ok=DataFlowStatusMessage,
+        description=api.SPELLINGS,
     ),
 )
 async def start(msg: DataFlowStartMessage, caller: Caller, dps: DpsDep) -> JSONResponse:
