@@ -166,6 +166,21 @@ DATABASE_FAILURES: tuple[type[Exception], ...] = (
 )
 
 
+# character_not_in_repertoire (a NUL in text), untranslatable_character: what PostgreSQL answers
+# for a string of the request it cannot store; a lone surrogate never gets this far (not JSON)
+UNSTORABLE_TEXT = frozenset({"22021", "22P05"})
+
+
+def _sqlstate(exc: Exception) -> str | None:
+    """The SQLSTATE of a driver error under SQLAlchemy's wrapper, when there is one."""
+    orig = getattr(exc, "orig", None)
+    for candidate in (orig, getattr(orig, "__cause__", None), exc):
+        state = getattr(candidate, "sqlstate", None) or getattr(candidate, "pgcode", None)
+        if isinstance(state, str):
+            return state
+    return None
+
+
 def _install_audited_errors(app: FastAPI) -> None:
     """Render errors once (service kit) and, for signalling routes, write the GS-02 record."""
     install_error_handlers(app, invalid_request_code="invalid_message")
@@ -194,6 +209,12 @@ def _install_audited_errors(app: FastAPI) -> None:
         return rendered
 
     async def on_database_failure(request: Request, exc: Exception) -> Response:
+        if _sqlstate(exc) in UNSTORABLE_TEXT:
+            # the caller's text (a NUL) that PostgreSQL cannot take: their mistake, nothing stored
+            return await on_service_error(
+                request,
+                ServiceError("invalid_message", "the request holds text PostgreSQL cannot take (a NUL)"),
+            )
         # the driver's text may quote SQL or values: the log keeps the class, the answer neither
         log.warning("database_unavailable", error=type(exc).__name__)
         return await on_service_error(

@@ -23,8 +23,9 @@ SECURITY_SCHEMES = {
 # every signal: authenticated first, whatever the body (SignallingRoute); the flows database
 _SIGNAL = ("no_token", "invalid_token", "client_not_admitted")
 _STORED = (*_SIGNAL, "database_unavailable")
-# a path segment holding `/` matches no route: the framework's 404
-_BY_ID = (*_STORED, "not_found")
+# a path segment holding `/` matches no route: the framework's 404; one holding a NUL cannot be
+# looked up: 422 invalid_message
+_BY_ID = (*_STORED, "not_found", "invalid_message")
 
 
 def signal(
