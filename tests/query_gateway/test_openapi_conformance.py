@@ -99,3 +99,13 @@ async def test_schemathesis_finds_no_5xx_and_no_undocumented_answer(
         assert answer.status_code == 200, (key, answer.text)
     sent = sum(conformance.run_operation(op) for op in ops.values())
     assert sent >= len(ops)
+
+
+async def test_dps01_without_dps_the_document_has_no_pull_route(world: World) -> None:
+    app = create_app(world.settings())  # the document needs no lifespan: nothing is connected
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+        document = (await client.get("/openapi.json")).json()
+    assert {(m.upper(), p) for p, ops in document["paths"].items() for m in ops} == ROUTES - {
+        ("POST", "/dps/public/query")
+    }

@@ -86,3 +86,14 @@ def test_schemathesis_finds_no_5xx_and_no_undocumented_answer(
     for key, op in ops.items():
         if key.split(" ", 1)[1].startswith("/dps"):
             assert conformance.run_operation(op, examples=1) > 0
+
+
+async def test_dps01_without_dps_the_document_has_only_health_routes(base_settings: dict[str, Any]) -> None:
+    import httpx
+
+    app = create_app(Settings(**{**base_settings, "dps_enabled": False}))  # no lifespan needed
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://signaling") as client:
+        document = (await client.get("/openapi.json")).json()
+    assert set(document["paths"]) == {"/healthz", "/readyz", "/metrics"}
+    assert "securitySchemes" not in document.get("components", {})

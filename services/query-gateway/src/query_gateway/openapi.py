@@ -42,6 +42,7 @@ class QueryPlan(BaseModel):
 
 REQUEST_ID = {
     "X-Request-ID": {
+        "required": True,
         "description": "the caller's `X-Request-ID` (else `X-Correlation-ID`, else a new id), "
         "as in the access record",
         "schema": {"type": "string"},
