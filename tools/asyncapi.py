@@ -11,6 +11,7 @@ A tool, not runtime: the contracts library stays shapes only."""
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 from dataclasses import dataclass
 from importlib import metadata
@@ -141,10 +142,9 @@ def _schemas() -> dict[str, Any]:
 
 
 def _headers(channel: Channel) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": {**TRACE_CONTEXT, **dict(channel.headers)},
-    }
+    # a copy per message: shared objects would be written as YAML anchors and aliases
+    properties = copy.deepcopy({**TRACE_CONTEXT, **dict(channel.headers)})
+    return {"type": "object", "properties": properties}
 
 
 def _operation_id(action: str, channel: Channel) -> str:
