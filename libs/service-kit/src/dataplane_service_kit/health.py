@@ -18,6 +18,8 @@ from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Gauge, generate_latest
 
+from dataplane_service_kit.openapi import HEALTHZ_RESPONSES, METRICS_RESPONSES, READYZ_RESPONSES
+
 ReadinessCheck = Callable[[], Awaitable[bool]]
 Checks = Callable[[], Mapping[str, ReadinessCheck]]
 
@@ -60,11 +62,12 @@ def health_router(
     router = APIRouter()
     gauge = dependency_gauge(registry)
 
-    @router.get("/healthz", include_in_schema=False)
+    # documented in the OpenAPI of the services that serve one (the resolver and relay serve none)
+    @router.get("/healthz", tags=["health"], summary="Alive", responses=HEALTHZ_RESPONSES)
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @router.get("/readyz", include_in_schema=False)
+    @router.get("/readyz", tags=["health"], summary="Dependencies reachable", responses=READYZ_RESPONSES)
     async def readyz() -> JSONResponse:
         required = dict(checks())
         optional = {k: v for k, v in capabilities().items() if k not in required}
@@ -87,7 +90,13 @@ def health_router(
             body["degraded"] = degraded
         return JSONResponse(body)
 
-    @router.get("/metrics", include_in_schema=False)
+    @router.get(
+        "/metrics",
+        tags=["health"],
+        summary="Prometheus metrics",
+        response_class=Response,
+        responses=METRICS_RESPONSES,
+    )
     async def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 

@@ -89,7 +89,15 @@ def create_app(settings: Settings) -> FastAPI:
             await _closing("connector_pools", pools.aclose())
             await _closing("http_client", client.aclose())
 
-    app = FastAPI(title="audit-relay", lifespan=lifespan, telemetry=FASTAPI_TELEMETRY)
+    # health and metrics only: no OpenAPI document, no /docs (the Kafka side: docs/asyncapi.yaml)
+    app = FastAPI(
+        title="audit-relay",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        telemetry=FASTAPI_TELEMETRY,
+    )
     app.include_router(health_router(health.checks, registry=metrics.registry))
     return app
 

@@ -185,6 +185,7 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> FastAPI:
             return {"kafka": _never, "redis": _never}
         return runtime.checks()
 
+    # health and metrics only: no OpenAPI document, no /docs (the Kafka side: docs/asyncapi.yaml)
     app = FastAPI(
         title="filter-resolver",
         lifespan=lifespan,

@@ -21,11 +21,12 @@ from dataplane_service_kit.errors import install_error_handlers
 from dataplane_service_kit.health import ReadinessCheck, health_router
 from dataplane_service_kit.limits import BodyLimit
 from dataplane_service_kit.logs import get_logger
+from dataplane_service_kit.openapi import distribution_version, openapi_document
 from dataplane_service_kit.readiness import CachedProbe
 from dataplane_service_kit.telemetry import FASTAPI_TELEMETRY, ServerSpans
 from query_gateway.connector import ConnectorClient, connector_http, service_tokens
 from query_gateway.disclosure import DisclosurePublisher
-from query_gateway.gateway import Gateway
+from query_gateway.gateway import Gateway, QueryBody
 from query_gateway.identity import OidcVerifier
 from query_gateway.plan_client import PlanClient
 from query_gateway.pull import PullVerifier
@@ -184,12 +185,17 @@ class GatewayApp(FastAPI):
 def create_app(settings: GatewaySettings) -> FastAPI:
     app = GatewayApp(
         title="query-gateway",
+        summary="SQL over governed datasets: the normal path, the legacy EDR path, DPS pulls",
+        version=distribution_version("dataplane-query-gateway"),
         lifespan=_lifespan,
-        docs_url=None,
+        # served by FastAPI behind the plain door (which passes every other route on): the
+        # document describes the query routes as both doors answer them (query_gateway.openapi)
+        openapi_url="/openapi.json",
+        docs_url="/docs",
         redoc_url=None,
-        openapi_url=None,
         telemetry=FASTAPI_TELEMETRY,
     )
+    app.openapi = openapi_document(app, exact=(QueryBody,))  # type: ignore[method-assign]
     app.state.settings = settings
     app.state.checks = {}
     app.state.capabilities = {}

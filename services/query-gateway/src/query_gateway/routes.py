@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from dataplane_service_kit.errors import ServiceError, error_response
 from dataplane_service_kit.logs import get_logger
 from dataplane_service_kit.telemetry import ServerSpans, answered
+from query_gateway import openapi as api
 from query_gateway.access_log import QUERY_ACTION, TOKEN_ACTION, AccessContext
 from query_gateway.connector import resolve_connector
 from query_gateway.dataspace import DataspaceRequest, parse_purpose, run_dataspace
@@ -36,7 +37,6 @@ from query_gateway.normal import explain_normal, run_normal
 log = get_logger("query_gateway.routes")
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
 
-OptHeader = Annotated[str | None, Header()]
 T = TypeVar("T")
 Headers = Mapping[str, str]  # lower-case names, the first value of each (as FastAPI's Header())
 Answer = Callable[[Gateway, Headers, QueryBody], Awaitable[Response]]
@@ -324,42 +324,75 @@ def _request_headers(request: Request) -> dict[str, str]:
     return _headers(request.scope)
 
 
+def _header(description: str) -> Any:
+    return Header(description=description)
+
+
+AuthorizationHeader = Annotated[str | None, _header(api.AUTHORIZATION)]
+AgreementHeader = Annotated[str | None, _header(api.AGREEMENT)]
+TransferHeader = Annotated[str | None, _header(api.TRANSFER)]
+PurposeHeader = Annotated[str | None, _header(api.PURPOSE)]
+PullAuthorizationHeader = Annotated[str | None, _header(api.PULL_AUTHORIZATION)]
+_TRACE = {"parameters": api.TRACE_HEADERS}
+
+
 def query_router() -> APIRouter:
     """The same routes for what `QueryRoutes` passes on; the header parameters are declared so
-    that FastAPI validates and documents them as before."""
-    router = APIRouter()
+    that FastAPI validates and documents them as before. Their OpenAPI (`query_gateway.openapi`)
+    describes the routes as both doors serve them."""
+    router = APIRouter(tags=["query"])
 
-    @router.post("/query")
+    @router.post(
+        "/query",
+        summary="Query the datasets (normal or legacy EDR path)",
+        description=api.QUERY_DESCRIPTION,
+        responses=api.QUERY_RESPONSES,
+        openapi_extra=_TRACE,
+    )
     async def query(
         request: Request,
         body: QueryBody,
         *,
-        authorization: OptHeader = None,
-        edc_contract_agreement_id: OptHeader = None,
-        edc_transfer_process_id: OptHeader = None,
-        edc_purpose: OptHeader = None,
+        authorization: AuthorizationHeader = None,
+        edc_contract_agreement_id: AgreementHeader = None,
+        edc_transfer_process_id: TransferHeader = None,
+        edc_purpose: PurposeHeader = None,
     ) -> Response:
         return await answer_query(request.app.state.gateway, _request_headers(request), body)
 
-    @router.post("/query/plan")
-    async def query_plan(request: Request, body: QueryBody, authorization: OptHeader = None) -> Response:
+    @router.post(
+        "/query/plan",
+        summary="The narrowed statement of a normal-path query, not executed",
+        description=api.PLAN_DESCRIPTION,
+        responses=api.PLAN_RESPONSES,
+        openapi_extra=_TRACE,
+    )
+    async def query_plan(
+        request: Request, body: QueryBody, authorization: AuthorizationHeader = None
+    ) -> Response:
         return await answer_plan(request.app.state.gateway, _request_headers(request), body)
 
     return router
 
 
 def dps_router() -> APIRouter:
-    router = APIRouter()
+    router = APIRouter(tags=["dps"])
 
-    @router.post("/dps/public/query")
+    @router.post(
+        "/dps/public/query",
+        summary="Query over a DPS pull token",
+        description=api.PULL_DESCRIPTION,
+        responses=api.PULL_RESPONSES,
+        openapi_extra=_TRACE,
+    )
     async def pull_query(
         request: Request,
         body: QueryBody,
         *,
-        authorization: OptHeader = None,
-        edc_contract_agreement_id: OptHeader = None,
-        edc_transfer_process_id: OptHeader = None,
-        edc_purpose: OptHeader = None,
+        authorization: PullAuthorizationHeader = None,
+        edc_contract_agreement_id: AgreementHeader = None,
+        edc_transfer_process_id: TransferHeader = None,
+        edc_purpose: PurposeHeader = None,
     ) -> Response:
         return await answer_pull(request.app.state.gateway, _request_headers(request), body)
 

@@ -21,6 +21,7 @@ from dataplane_service_kit.errors import ServiceError, install_error_handlers
 from dataplane_service_kit.health import ReadinessCheck, health_router
 from dataplane_service_kit.logs import get_logger
 from dataplane_service_kit.oauth import ClientCredentialsToken
+from dataplane_service_kit.openapi import distribution_version, openapi_document
 from dataplane_service_kit.telemetry import FASTAPI_TELEMETRY
 from signaling import audit, metrics
 from signaling.callbacks import ControlPlaneClient
@@ -28,6 +29,7 @@ from signaling.did_web import DidWebResolver
 from signaling.flows import FlowService
 from signaling.migrate import check_at_head
 from signaling.oidc import JwtVerifier
+from signaling.openapi import SECURITY_SCHEMES
 from signaling.outbox import OutboxRelay
 from signaling.renewal import TokenRenewal
 from signaling.routes import router, token_router
@@ -180,6 +182,21 @@ DATABASE_FAILURES: tuple[type[Exception], ...] = (
 )
 
 
+# character_not_in_repertoire (a NUL in text), untranslatable_character: what PostgreSQL answers
+# for a string of the request it cannot store; a lone surrogate never gets this far (not JSON)
+UNSTORABLE_TEXT = frozenset({"22021", "22P05"})
+
+
+def _sqlstate(exc: Exception) -> str | None:
+    """The SQLSTATE of a driver error under SQLAlchemy's wrapper, when there is one."""
+    orig = getattr(exc, "orig", None)
+    for candidate in (orig, getattr(orig, "__cause__", None), exc):
+        state = getattr(candidate, "sqlstate", None) or getattr(candidate, "pgcode", None)
+        if isinstance(state, str):
+            return state
+    return None
+
+
 def _install_audited_errors(app: FastAPI) -> None:
     """Render errors once (service kit) and, for signalling routes, write the GS-02 record."""
     install_error_handlers(app, invalid_request_code="invalid_message")
@@ -209,6 +226,12 @@ def _install_audited_errors(app: FastAPI) -> None:
         return rendered
 
     async def on_database_failure(request: Request, exc: Exception) -> Response:
+        if _sqlstate(exc) in UNSTORABLE_TEXT:
+            # the caller's text (a NUL) that PostgreSQL cannot take: their mistake, nothing stored
+            return await on_service_error(
+                request,
+                ServiceError("invalid_message", "the request holds text PostgreSQL cannot take (a NUL)"),
+            )
         # the driver's text may quote SQL or values: the log keeps the class, the answer neither
         log.warning("database_unavailable", error=type(exc).__name__)
         return await on_service_error(
@@ -240,11 +263,16 @@ class RecountFlowsOnScrape:
 def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(
         title="dataplane signaling",
+        summary="Data Plane Signaling: data flows, pull tokens, control-plane registrations",
+        version=distribution_version("dataplane-signaling"),
         lifespan=_lifespan(settings),
-        docs_url=None,
+        openapi_url="/openapi.json",
+        docs_url="/docs",
         redoc_url=None,
-        openapi_url=None,
         telemetry=FASTAPI_TELEMETRY,
+    )
+    app.openapi = openapi_document(  # type: ignore[method-assign]
+        app, security_schemes=SECURITY_SCHEMES if settings.dps_enabled else None
     )
     _install_audited_errors(app)
     app.add_middleware(RecountFlowsOnScrape)

@@ -23,12 +23,14 @@ from dataplane_contracts.dps import (
     DataFlowStartedMessage,
     DataFlowStartMessage,
     DataFlowStatusMessage,
+    DataFlowStatusResponse,
     DataFlowSuspendMessage,
     DataFlowTerminateMessage,
     DataPlaneRegistrationMessage,
 )
 from dataplane_service_kit.errors import ServiceError
 from signaling import metrics, repository
+from signaling import openapi as api
 from signaling.oidc import InvalidToken
 from signaling.state import Dps, app_state, dps_state
 
@@ -90,11 +92,16 @@ def _status(msg: DataFlowStatusMessage) -> JSONResponse:
     return JSONResponse(msg.wire())
 
 
-router = APIRouter(prefix="/dps", route_class=SignallingRoute)
+router = APIRouter(prefix="/dps", route_class=SignallingRoute, tags=["dps"])
 flows = APIRouter(prefix=SIGNALING_PATH.removeprefix("/dps"), route_class=SignallingRoute)
 
 
-@router.get("/registration")
+@router.get(
+    "/registration",
+    **api.signal(
+        "This data plane's registration (DPS-10)", *api.REGISTRATION, ok=DataPlaneRegistrationMessage
+    ),
+)
 async def registration(request: Request, _: Caller) -> JSONResponse:
     """DPS-10: EDC's data-plane registration body, without the authorization profile."""
     settings = app_state(request).settings
@@ -108,7 +115,10 @@ async def registration(request: Request, _: Caller) -> JSONResponse:
     return JSONResponse(msg.model_dump(mode="json", by_alias=True))
 
 
-@router.put("/v1/controlplanes")
+@router.put(
+    "/v1/controlplanes",
+    **api.signal("Register or replace a control plane (DPS-11)", *api.CONTROL_PLANE_PUT),
+)
 async def register_control_plane(
     msg: ControlPlaneRegistrationMessage, caller: Caller, request: Request
 ) -> Response:
@@ -121,7 +131,10 @@ async def register_control_plane(
     return Response(status_code=200)
 
 
-@router.delete("/v1/controlplanes/{controlplane_id}")
+@router.delete(
+    "/v1/controlplanes/{controlplane_id}",
+    **api.signal("Remove a control plane registration (DPS-11)", *api.CONTROL_PLANE_DELETE, ok_status=204),
+)
 async def delete_control_plane(controlplane_id: str, caller: Caller, request: Request) -> Response:
     async with app_state(request).engine.begin() as conn:
         ok = await repository.delete_control_plane(conn, controlplane_id, caller)
@@ -131,21 +144,40 @@ async def delete_control_plane(controlplane_id: str, caller: Caller, request: Re
     return Response(status_code=204)
 
 
-@flows.post("/prepare")
+@flows.post(
+    "/prepare",
+    **api.signal(
+        "Prepare a consumer-side flow (DPS-04)",
+        *api.PREPARE,
+        ok=DataFlowStatusMessage,
+        description=api.SPELLINGS,
+    ),
+)
 async def prepare(msg: DataFlowPrepareMessage, caller: Caller, dps: DpsDep) -> JSONResponse:
     answer = await dps.flows.prepare(msg, caller)
     _ok("prepare")
     return _status(answer)
 
 
-@flows.post("/start")
+@flows.post(
+    "/start",
+    **api.signal(
+        "Start a provider-side pull flow: the pull address and its token (DPS-05, DPS-06)",
+        *api.START,
+        ok=DataFlowStatusMessage,
+        description=api.SPELLINGS,
+    ),
+)
 async def start(msg: DataFlowStartMessage, caller: Caller, dps: DpsDep) -> JSONResponse:
     answer = await dps.flows.start(msg, caller)
     _ok("start")
     return _status(answer)
 
 
-@flows.post("/{flow_id}/started")
+@flows.post(
+    "/{flow_id}/started",
+    **api.signal("The provider started a consumer-side flow (DPS-07)", *api.STARTED),
+)
 async def started(
     flow_id: str,
     caller: Caller,
@@ -157,7 +189,7 @@ async def started(
     return Response(status_code=200)
 
 
-@flows.post("/{flow_id}/suspend")
+@flows.post("/{flow_id}/suspend", **api.signal("Suspend a flow; its token dies (DPS-07)", *api.TRANSITION))
 async def suspend(
     flow_id: str,
     caller: Caller,
@@ -169,7 +201,14 @@ async def suspend(
     return Response(status_code=200)
 
 
-@flows.post("/{flow_id}/resume")
+@flows.post(
+    "/{flow_id}/resume",
+    **api.signal(
+        "Resume a suspended flow; a provider flow gets a new token (DPS-07)",
+        *api.TRANSITION,
+        ok=DataFlowStatusMessage,
+    ),
+)
 async def resume(
     flow_id: str,
     caller: Caller,
@@ -181,7 +220,10 @@ async def resume(
     return _status(answer)
 
 
-@flows.post("/{flow_id}/terminate")
+@flows.post(
+    "/{flow_id}/terminate",
+    **api.signal("Terminate a flow; idempotent, its token dies (DPS-07)", *api.TRANSITION),
+)
 async def terminate(
     flow_id: str,
     caller: Caller,
@@ -193,7 +235,7 @@ async def terminate(
     return Response(status_code=200)
 
 
-@flows.post("/{flow_id}/completed")
+@flows.post("/{flow_id}/completed", **api.signal("Complete a flow; its token dies (DPS-07)", *api.COMPLETED))
 async def completed(flow_id: str, caller: Caller, dps: DpsDep) -> Response:
     """The body (normally `{}`) is ignored."""
     await dps.flows.completed(flow_id, caller)
@@ -201,7 +243,10 @@ async def completed(flow_id: str, caller: Caller, dps: DpsDep) -> Response:
     return Response(status_code=200)
 
 
-@flows.get("/{flow_id}/status")
+@flows.get(
+    "/{flow_id}/status",
+    **api.signal("A flow's state (DPS-08)", *api.STATUS, ok=DataFlowStatusResponse),
+)
 async def status(flow_id: str, caller: Caller, dps: DpsDep) -> JSONResponse:
     answer = await dps.flows.status(flow_id, caller)
     _ok("status")

@@ -1,0 +1,171 @@
+"""What the gateway's OpenAPI document says about its answers: the page and the plan, the headers
+each query route reads, and the refusals of each route with their codes. Read once, when the
+document is built; the routes answer as they did (`routes.py`), none of this runs per request."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dataplane_service_kit.openapi import error_responses
+
+
+class QueryPage(BaseModel):
+    """One page of the narrowed statement's rows."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    items: list[dict[str, Any]] = Field(description="the rows, each an object by column name")
+    offset: int = Field(description="the offset applied (a negative one is read as 0)")
+    limit: int = Field(description="the limit applied: 100 for none or ≤ 0, at most 10 000")
+    count: int = Field(description="rows in this page")
+    total: int | None = Field(description="rows of the whole answer; null with `skip_count`")
+
+
+class PlanParameter(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    param: str = Field(description="`$1`, `$2`, …")
+    label: str = Field(description="what the bound value is; never the value")
+
+
+class QueryPlan(BaseModel):
+    """`POST /query/plan`: the statement as it would run, its parameters labelled."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sql: str
+    params: list[PlanParameter]
+    denied: bool = Field(description="some row filter admits no row: the statement selects none")
+
+
+REQUEST_ID = {
+    "X-Request-ID": {
+        "required": True,
+        "description": "the caller's `X-Request-ID` (else `X-Correlation-ID`, else a new id), "
+        "as in the access record",
+        "schema": {"type": "string"},
+    }
+}
+
+# read from the request by the route itself (not declared as parameters: no per-request binding)
+TRACE_HEADERS: list[dict[str, Any]] = [
+    {
+        "name": "X-Request-ID",
+        "in": "header",
+        "required": False,
+        "description": "names the request in the access record (first 128 characters)",
+        "schema": {"type": "string"},
+    },
+    {
+        "name": "X-Correlation-ID",
+        "in": "header",
+        "required": False,
+        "description": "read when `X-Request-ID` is absent",
+        "schema": {"type": "string"},
+    },
+    {
+        "name": "traceparent",
+        "in": "header",
+        "required": False,
+        "description": "W3C trace context: the request's server span continues the caller's trace",
+        "schema": {"type": "string"},
+    },
+]
+
+AUTHORIZATION = (
+    "`Bearer <token>`: an OIDC access token of the configured issuer (normal path, optional for "
+    "open datasets); with `Edc-Contract-Agreement-Id` on a dataspace gateway, the EDR token"
+)
+AGREEMENT = (
+    "the contract agreement: on a gateway with `EDR_ENABLED`, its presence makes `POST /query` "
+    "the legacy EDR path; on a pull, it must match the data flow's agreement"
+)
+TRANSFER = "the transfer process, passed to ds with the authorize question (dataspace paths)"
+PURPOSE = "comma-separated purposes, passed to ds with the authorize question (dataspace paths)"
+PULL_AUTHORIZATION = "`Bearer <pull token>`: the token of the data address signaling issued (DPS-06)"
+
+# refusals every query route shares: the body, the statement, the row filters
+_BODY = ("invalid_body", "body_too_large", "invalid_request")
+_STATEMENT = ("sql_refused", "unknown_dataset", "ambiguous_dataset", "sql_too_long", "invalid_text")
+_FILTERS = ("row_filter_invalid", "row_filter_unenforceable", "row_filter_unavailable", "row_policy_denied")
+_EXECUTION = ("query_timeout", "query_failed", "database_unavailable")
+_NORMAL = ("invalid_token", "auth_required", "policy", "not_available")
+_DATASPACE = (
+    "not_offered",
+    "not_available",
+    "ds_refused",
+    "row_filter_unreadable",
+    "ds_unavailable",
+    "audit_unavailable",
+    "ds_not_configured",
+)
+
+
+def _ok(model: type[BaseModel], description: str) -> dict[int | str, dict[str, Any]]:
+    return {200: {"model": model, "description": description, "headers": REQUEST_ID}}
+
+
+QUERY_RESPONSES = {
+    **_ok(QueryPage, "a page of the rows the caller may read"),
+    **error_responses(
+        *_BODY,
+        *_STATEMENT,
+        *_FILTERS,
+        *_EXECUTION,
+        *_NORMAL,
+        "provider_not_served",  # EDR path: the token's issuer is a provider this plane does not serve
+        *_DATASPACE,
+    ),
+}
+PLAN_RESPONSES = {
+    **_ok(QueryPlan, "the narrowed statement, nothing executed"),
+    **error_responses(*_BODY, *_STATEMENT, *_FILTERS, *_NORMAL),
+}
+PULL_RESPONSES = {
+    **_ok(QueryPage, "a page of the rows the data flow's agreement admits"),
+    **error_responses(
+        *_BODY,
+        *_STATEMENT,
+        *_FILTERS,
+        *_EXECUTION,
+        "pull_token",
+        "flow_not_started",
+        "agreement_mismatch",
+        "provider_not_served",
+        *_DATASPACE,
+    ),
+}
+
+QUERY_DESCRIPTION = """\
+Runs one read-only SQL statement over the catalogue's datasets and answers one page of it.
+
+Without `Edc-Contract-Agreement-Id` (or on a gateway without `EDR_ENABLED`) this is the
+**normal path**: the caller is the OIDC bearer (or anonymous for open datasets) and the row
+filters of the catalogue apply. With the header on an EDR gateway it is the **legacy EDR path**:
+the bearer is the EDR token, ds decides per dataset and every served page's disclosure is
+published before the answer leaves."""
+
+PULL_DESCRIPTION = """\
+A DPS pull (DPS-09): the bearer is the pull token of a STARTED data flow; ds decides per dataset
+as on the EDR path. Served only by a gateway with `DPS_ENABLED` (DPS-01)."""
+
+PLAN_DESCRIPTION = """\
+The normal path up to execution: the statement as the row filters narrow it, each bound
+parameter labelled (never its value). Nothing runs against the datasets."""
+
+__all__ = [
+    "AGREEMENT",
+    "AUTHORIZATION",
+    "PLAN_DESCRIPTION",
+    "PLAN_RESPONSES",
+    "PULL_AUTHORIZATION",
+    "PULL_DESCRIPTION",
+    "PULL_RESPONSES",
+    "PURPOSE",
+    "QUERY_DESCRIPTION",
+    "QUERY_RESPONSES",
+    "TRACE_HEADERS",
+    "TRANSFER",
+]

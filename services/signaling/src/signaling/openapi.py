@@ -1,0 +1,70 @@
+"""What signaling's OpenAPI document says about each DPS route: its bearer, its answer and its
+refusals with their codes. Declarations read once, when the document is built."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Response
+from pydantic import BaseModel
+
+from dataplane_service_kit.openapi import BEARER_CHALLENGE, error_responses
+
+SECURITY_SCHEMES = {
+    "controlPlane": {
+        "type": "http",
+        "scheme": "bearer",
+        "bearerFormat": "JWT",
+        "description": "a client-credentials token of the configured OIDC issuer for this service's "
+        "audience, whose `azp` (else `client_id`) is in `DPS_CONTROL_PLANE_CLIENTS` (DPS-02)",
+    }
+}
+
+# every signal: authenticated first, whatever the body (SignallingRoute); the flows database
+_SIGNAL = ("no_token", "invalid_token", "client_not_admitted")
+_STORED = (*_SIGNAL, "database_unavailable")
+# a path segment holding `/` matches no route: the framework's 404; one holding a NUL cannot be
+# looked up: 422 invalid_message
+_BY_ID = (*_STORED, "not_found", "invalid_message")
+
+
+def signal(
+    summary: str,
+    *codes: str,
+    ok: type[BaseModel] | None = None,
+    ok_status: int = 200,
+    ok_description: str = "done",
+    description: str | None = None,
+) -> dict[str, Any]:
+    """The route decorator's documentation arguments of one signal."""
+    answer: dict[str, Any] = {"description": ok_description}
+    kwargs: dict[str, Any] = {}
+    if ok is not None:
+        answer["model"] = ok
+    else:  # an empty answer: no content type is documented (the route returns its Response)
+        kwargs["response_class"] = Response
+    return {
+        **kwargs,
+        "summary": summary,
+        "description": description,
+        "status_code": ok_status,
+        "responses": {ok_status: answer, **error_responses(*codes, headers={401: BEARER_CHALLENGE})},
+        "openapi_extra": {"security": [{"controlPlane": []}]},
+    }
+
+
+# the schema shows one spelling of each; the tolerant reader takes both (DPS-03)
+SPELLINGS = (
+    "A tolerant reader (DPS-03): unknown fields are ignored; the flow id is read from `dataFlowId` "
+    "or `processId`, the transfer type from `transferType` (RC2) or `profile` (RC3+)."
+)
+
+REGISTRATION = _SIGNAL
+CONTROL_PLANE_PUT = (*_STORED, "invalid_message", "control_plane_taken")
+CONTROL_PLANE_DELETE = (*_BY_ID, "control_plane_not_found")
+PREPARE = (*_STORED, "invalid_message", "unsupported_transfer_type", "flow_exists")
+START = (*PREPARE, "data_address_not_allowed")
+STARTED = (*_BY_ID, "invalid_message", "flow_not_found", "invalid_transition", "data_address_required")
+TRANSITION = (*_BY_ID, "invalid_message", "flow_not_found", "invalid_transition")
+COMPLETED = (*_BY_ID, "flow_not_found", "invalid_transition")
+STATUS = (*_BY_ID, "flow_not_found")

@@ -1,0 +1,111 @@
+"""Issue 14: the gateway serves its OpenAPI document (`/openapi.json`, `/docs`) describing the
+query routes as both doors answer them, and schemathesis, driving the real gateway over HTTP
+(PostgreSQL, Redis, broker, the OIDC issuer and ds doubles) from that document, finds no 5xx and
+no answer outside what the document says."""
+
+from __future__ import annotations
+
+import importlib.util
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import asyncpg
+import httpx
+import pytest
+from gateway_support import AGREEMENT, CONSUMER, PROVIDER, PUBLIC_PEM, World, ds_policy, pull_token
+
+from dataplane_local.doubles.ds_connector import DsConnectorDouble
+from dataplane_local.doubles.server import RunningServer, serve_in_thread
+from query_gateway.app import create_app
+
+_spec = importlib.util.spec_from_file_location(
+    "openapi_conformance", Path(__file__).parents[1] / "openapi_conformance.py"
+)
+assert _spec is not None and _spec.loader is not None
+conformance = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(conformance)
+
+ROUTES = {
+    ("GET", "/healthz"),
+    ("GET", "/readyz"),
+    ("GET", "/metrics"),
+    ("POST", "/query"),
+    ("POST", "/query/plan"),
+    ("POST", "/dps/public/query"),
+}
+
+
+@pytest.fixture(scope="module")
+def served(world: World, flows_url: str) -> Iterator[RunningServer]:
+    """One gateway serving every route: EDR and DPS enabled, as an uvicorn server."""
+    settings = world.settings(
+        dps_enabled=True, dps_token_public_key=PUBLIC_PEM, dps_flows_database_url=flows_url
+    )
+    server = serve_in_thread(create_app(settings))
+    yield server
+    server.stop()
+
+
+def test_openapi_documents_every_route_its_headers_and_codes(served: RunningServer) -> None:
+    document = httpx.get(f"{served.url}/openapi.json").json()
+    assert {(m.upper(), p) for p, ops in document["paths"].items() for m in ops} == ROUTES
+    query = document["paths"]["/query"]["post"]
+    headers = {p["name"].lower() for p in query["parameters"] if p["in"] == "header"}
+    assert {"authorization", "edc-contract-agreement-id", "edc-transfer-process-id", "edc-purpose"} <= headers
+    assert {"x-request-id", "traceparent"} <= headers
+    body = document["components"]["schemas"]["QueryBody"]["properties"]
+    assert set(body) == {"sql", "limit", "offset", "skip_count"}
+    assert body["limit"]["maximum"] == 2**63 - 1  # exact, not FastAPI's float
+    pull = document["paths"]["/dps/public/query"]["post"]["responses"]
+    assert "pull_token" in pull["401"]["content"]["application/json"]["schema"]["properties"]["error"]["enum"]
+    assert set(pull) == {"200", "400", "401", "403", "413", "422", "500", "502", "503"}
+    docs = httpx.get(f"{served.url}/docs")
+    assert docs.status_code == 200 and "/openapi.json" in docs.text
+
+
+async def test_schemathesis_finds_no_5xx_and_no_undocumented_answer(
+    served: RunningServer, world: World, ds: DsConnectorDouble, flows_url: str
+) -> None:
+    ds.set_policy(ds_policy([{"dataset_id": "stats", "row_filter": None}]))
+    jti = str(uuid.uuid4())
+    conn = await asyncpg.connect(flows_url)
+    await conn.execute(
+        "INSERT INTO dps_pull_grants VALUES ($1, $2, 'STARTED', $3, 'stats', $4, $5)",
+        jti,
+        f"flow-{jti[:8]}",
+        AGREEMENT,
+        PROVIDER,
+        CONSUMER,
+    )
+    await conn.close()
+    schema = conformance.load(served.url)
+    ops = conformance.operations(schema)
+    stats = {"sql": "SELECT id, label FROM stats ORDER BY id"}
+    # the answers random requests rarely reach: a page on each path, a plan
+    user = {"Authorization": f"Bearer {world.user_token()}", "X-Request-ID": "req-1"}
+    edr = {
+        "Authorization": f"Bearer {world.edr()}",
+        "Edc-Contract-Agreement-Id": AGREEMENT,
+        "Edc-Purpose": "analytics",
+    }
+    for key, headers, body in (
+        ("POST /query", user, {**stats, "skip_count": True}),
+        ("POST /query", edr, stats),
+        ("POST /query/plan", user, stats),
+        ("POST /dps/public/query", {"Authorization": f"Bearer {pull_token(jti)}"}, stats),
+    ):
+        answer = conformance.call_checked(ops[key], headers=headers, body=body)
+        assert answer.status_code == 200, (key, answer.text)
+    sent = sum(conformance.run_operation(op) for op in ops.values())
+    assert sent >= len(ops)
+
+
+async def test_dps01_without_dps_the_document_has_no_pull_route(world: World) -> None:
+    app = create_app(world.settings())  # the document needs no lifespan: nothing is connected
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+        document = (await client.get("/openapi.json")).json()
+    assert {(m.upper(), p) for p, ops in document["paths"].items() for m in ops} == ROUTES - {
+        ("POST", "/dps/public/query")
+    }
