@@ -7,16 +7,17 @@ credential or configuration problem that an operator can fix without losing the 
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Any
 
 import aiohttp
 from opentelemetry import propagate, trace
+from opentelemetry.context import Context
+from opentelemetry.instrumentation.aiohttp_client import AioHttpClientInstrumentor
 
 from audit_relay.health import Health
 from dataplane_service_kit.oauth import ClientCredentialsToken as ServiceToken
@@ -24,6 +25,7 @@ from dataplane_service_kit.oauth import TokenUnavailable
 
 AUDIT_PATH = "/internal/audit/query"
 _tracer = trace.get_tracer("audit_relay")
+_POST_ATTRIBUTES = {"http.request.method": "POST", "url.path": AUDIT_PATH}
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,10 @@ class ConnectorPools:
                 # every post stands alone: nothing ds sets may ride along on the next one
                 cookie_jar=aiohttp.DummyCookieJar(),
             )
+            # the relay's own span of each post (DsSender.post) is its client span and carries
+            # the traceparent; the instrumentation's hooks on every request would add a second
+            # span and cost about as much CPU again as the rest of the request
+            AioHttpClientInstrumentor.uninstrument_session(session)
             self._sessions[connector] = session
         return session
 
@@ -156,7 +162,18 @@ class DsSender:
     def gate(self, connector: str) -> asyncio.Semaphore:
         return self._pools.gate(connector)
 
-    async def post(self, connector: str, event_id: str, body: dict[str, Any]) -> Outcome:
+    async def post(
+        self,
+        connector: str,
+        event_id: str,
+        body: bytes,
+        *,
+        parent: Context | None = None,
+        attributes: Mapping[str, str | int] | None = None,
+    ) -> Outcome:
+        """One attempt; `parent` is the event's trace context (its record's headers), `attributes`
+        what the span says about the record. The span is the relay's one span per attempt: the
+        CLIENT span of the post, whose context ds receives as `traceparent`."""
         try:
             bearer = await self._token.get()
         except TokenUnavailable:
@@ -168,14 +185,14 @@ class DsSender:
         if bearer is not None:
             headers["Authorization"] = f"Bearer {bearer}"
         url = connector + AUDIT_PATH
-        payload = json.dumps(body, separators=(",", ":")).encode()
-        with _tracer.start_as_current_span("audit_relay.post", kind=trace.SpanKind.CLIENT) as span:
-            span.set_attribute("http.request.method", "POST")
-            span.set_attribute("url.path", AUDIT_PATH)
+        with _tracer.start_as_current_span(
+            "audit_relay.post", context=parent, kind=trace.SpanKind.CLIENT, attributes=attributes
+        ) as span:
+            span.set_attributes(_POST_ATTRIBUTES)
             propagate.inject(headers)
             started = time.monotonic()
             try:
-                status, retry_after = await self._pools.post(connector, url, payload, headers)
+                status, retry_after = await self._pools.post(connector, url, body, headers)
             except PostTimedOut:
                 self._health.ds_failing(connector)
                 span.set_attribute("error.type", "timeout")
