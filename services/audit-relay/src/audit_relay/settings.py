@@ -20,7 +20,10 @@ class Settings(HttpSettings, KafkaSettings, OidcSettings, ConnectorSettings):
     # readiness fails once the broker or ds has been unreachable for longer than this
     audit_relay_unready_grace_s: float = Field(default=30.0, ge=0)
     audit_relay_backoff_initial_s: float = Field(default=0.5, gt=0)
-    audit_relay_backoff_max_s: float = Field(default=60.0, gt=0)
+    # the longest backoff, and so how long after ds recovers a partition may wait for its next
+    # probe (the backoff is half fixed, half random: between half of this and this); an outage
+    # costs one post per backoff per partition, little for ds even at a few seconds
+    audit_relay_backoff_max_s: float = Field(default=5.0, gt=0)
     # a Retry-After beyond this is treated as this (a broken header must not park a partition for days)
     audit_relay_retry_after_max_s: float = Field(default=300.0, gt=0)
     # reference §1.4: every connector call has a 5 s timeout
