@@ -13,13 +13,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
+from urllib.parse import urlsplit
 
-import aiohttp
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
-from opentelemetry.instrumentation.aiohttp_client import AioHttpClientInstrumentor
 
 from audit_relay.health import Health
+from audit_relay.http1 import Http1Pool, Unanswered
 from dataplane_service_kit.oauth import ClientCredentialsToken as ServiceToken
 from dataplane_service_kit.oauth import TokenUnavailable
 
@@ -95,9 +95,9 @@ class ConnectorPools:
     once. The gate is taken before a post and held until its answer: a post waiting for a free
     connection must not spend its own timeout waiting, or a busy pool would read as a slow ds.
 
-    aiohttp rather than httpx here: at the relay's rates httpx's pool was most of the relay's CPU
-    (it scans every pooled connection on each request), and the relay shares its cores with ds
-    and the broker. The issuer (a call every few minutes) keeps the service kit's httpx client."""
+    The pools are the relay's own HTTP/1.1 client (http1.py): httpx's pool scanned every pooled
+    connection on each request, and aiohttp's request machinery was a third of the relay's CPU
+    per event. The issuer (a call every few minutes) keeps the service kit's httpx client."""
 
     # below the usual server keep-alive (uvicorn: 5 s), so the relay closes an idle connection
     # before ds does and a post rarely meets a connection the server has just closed
@@ -105,9 +105,10 @@ class ConnectorPools:
 
     def __init__(self, *, max_in_flight: int, timeout_s: float) -> None:
         self._max_in_flight = max_in_flight
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._timeout_s = timeout_s
         self._gates: dict[str, asyncio.Semaphore] = {}
-        self._sessions: dict[str, aiohttp.ClientSession] = {}
+        self._pools: dict[str, Http1Pool] = {}
+        self._targets: dict[str, str] = {}
 
     def gate(self, connector: str) -> asyncio.Semaphore:
         gate = self._gates.get(connector)
@@ -115,42 +116,36 @@ class ConnectorPools:
             gate = self._gates[connector] = asyncio.Semaphore(self._max_in_flight)
         return gate
 
-    def _session(self, connector: str) -> aiohttp.ClientSession:
-        session = self._sessions.get(connector)
-        if session is None:
-            pool = aiohttp.TCPConnector(limit=self._max_in_flight, keepalive_timeout=self.KEEPALIVE_S)
-            session = aiohttp.ClientSession(
-                connector=pool,
-                timeout=self._timeout,
-                # every post stands alone: nothing ds sets may ride along on the next one
-                cookie_jar=aiohttp.DummyCookieJar(),
-            )
-            # the relay's own span of each post (DsSender.post) is its client span and carries
-            # the traceparent; the instrumentation's hooks on every request would add a second
-            # span and cost about as much CPU again as the rest of the request
-            AioHttpClientInstrumentor.uninstrument_session(session)
-            self._sessions[connector] = session
-        return session
+    def _pool(self, connector: str) -> Http1Pool:
+        pool = self._pools.get(connector)
+        if pool is None:
+            pool = self._pools[connector] = Http1Pool(connector, keepalive_s=self.KEEPALIVE_S)
+        return pool
+
+    def _target(self, url: str) -> str:
+        target = self._targets.get(url)
+        if target is None:
+            parts = urlsplit(url)
+            target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            self._targets[url] = target
+        return target
 
     async def post(
         self, connector: str, url: str, body: bytes, headers: dict[str, str]
     ) -> tuple[int, str | None]:
         """ds's status and Retry-After header."""
         try:
-            async with self._session(connector).post(
-                url, data=body, headers=headers, allow_redirects=False
-            ) as response:
-                await response.read()  # the whole answer, so the connection goes back to the pool
-                return response.status, response.headers.get("Retry-After")
+            async with asyncio.timeout(self._timeout_s):
+                return await self._pool(connector).post(self._target(url), body, headers)
         except TimeoutError:
             raise PostTimedOut from None
-        except aiohttp.ClientError as exc:
+        except (Unanswered, OSError) as exc:
             raise PostFailed(type(exc).__name__) from None
 
     async def aclose(self) -> None:
-        sessions, self._sessions = list(self._sessions.values()), {}
-        for session in sessions:
-            await session.close()
+        pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            pool.close()
 
 
 class DsSender:
