@@ -528,10 +528,22 @@ async def revocation(bench: Bench, report: Report, sizes: Sizes) -> None:
     )
 
 
-async def audit_burst(bench: Bench, report: Report, sizes: Sizes) -> None:
-    """(5) a burst of disclosures on the topic; the relay delivers them to the ds double."""
-    relay = bench.info.service_urls("audit-relay")[0]
-    base = await bench.metric(relay, "audit_relay_delivered_total")
+# ds answers 503 to every audit post for this long in the middle of the outage burst (issue 12)
+OUTAGE_SECONDS = 20.0
+
+
+@dataclass
+class _Burst:
+    """One burst on the disclosures topic: when each event was handed to the producer (by its
+    transfer id), and the relay's delivered counter before it."""
+
+    tag: str
+    sent_at: dict[str, float]
+    produced_s: float
+    started: float
+
+
+async def _produce_burst(bench: Bench, n: int, tag: str) -> _Burst:
     producer = AIOKafkaProducer(
         bootstrap_servers=bench.info.env["KAFKA_BOOTSTRAP_SERVERS"],
         acks="all",
@@ -539,20 +551,23 @@ async def audit_burst(bench: Bench, report: Report, sizes: Sizes) -> None:
         linger_ms=5,
     )
     await producer.start()
-    run = uuid.uuid4().hex[:6]
+    sent_at: dict[str, float] = {}
     try:
         t0 = time.perf_counter()
+        started = time.time()
         futures = []
-        for i in range(sizes.burst):
+        for i in range(n):
+            transfer = f"{tag}-{i}"
             event = DisclosureRecorded(
                 provider_participant=DEMO_PROVIDER,
                 consumer_id=DEMO_CONSUMER,
                 agreement_id=DEMO_AGREEMENT,
-                transfer_id=f"burst-{run}-{i}",
+                transfer_id=transfer,
                 dataset_id="meter_readings",
                 row_count=1,
                 authorized_subject_ids=["did:web:alice.example"],
             )
+            sent_at[transfer] = time.time()
             futures.append(
                 await producer.send(
                     AUDIT_DISCLOSURES, event.model_dump_json().encode(), key=DEMO_PROVIDER.encode()
@@ -562,30 +577,157 @@ async def audit_burst(bench: Bench, report: Report, sizes: Sizes) -> None:
         produced = time.perf_counter() - t0
     finally:
         await producer.stop()
+    return _Burst(tag, sent_at, produced, started)
+
+
+async def _delivered(bench: Bench, relay: str, base: float, n: int, limit_s: float) -> tuple[float, float]:
+    """Wait until the relay delivered `n` more events than `base` (or the limit): the count
+    delivered and the largest consumer lag seen on the way."""
     max_lag = 0.0
     delivered = 0.0
-    deadline = time.perf_counter() + (300 if sizes.burst >= 10_000 else 90)
+    deadline = time.perf_counter() + limit_s
     while time.perf_counter() < deadline:
         delivered = await bench.metric(relay, "audit_relay_delivered_total") - base
         max_lag = max(max_lag, await bench.metric(relay, "audit_relay_consumer_lag"))
-        if delivered >= sizes.burst:
+        if delivered >= n:
             break
         await asyncio.sleep(0.25)
-    drained = time.perf_counter() - t0
+    return delivered, max_lag
+
+
+async def _audit_calls(bench: Bench, tag: str) -> list[dict[str, Any]]:
+    """The ds double's audit calls of one burst, in the order it answered them."""
+    calls = (await bench.http.get(f"{bench.info.ds_url}/_calls", params={"endpoint": "audit"})).json()
+    return [
+        c
+        for c in calls
+        if isinstance(c.get("body"), dict) and str(c["body"].get("transfer_id", "")).startswith(f"{tag}-")
+    ]
+
+
+def _window(bench: Bench) -> int:
+    """The relay's per-partition window: its setting in the stack, else its default."""
+    from audit_relay.settings import Settings
+
+    name = "AUDIT_RELAY_MAX_IN_FLIGHT_PER_PARTITION"
+    if name in bench.info.env:
+        return int(bench.info.env[name])
+    default = Settings.model_fields["audit_relay_max_in_flight_per_partition"].default
+    assert isinstance(default, int)
+    return default
+
+
+def _order_kept(accepted: list[int], window: int) -> bool:
+    """The relay's order promise within a partition (services/audit-relay/README.md): an event is
+    accepted only after every event `window` or more places before it was."""
+    seen: set[int] = set()
+    low = 0  # every event before this place has been accepted
+    for i in accepted:
+        if i - window >= low:
+            return False
+        seen.add(i)
+        while low in seen:
+            low += 1
+    return True
+
+
+def _relay_pids(bench: Bench) -> dict[str, int]:
+    records = {r.name: r.pid for r in bench.stack.records if record_alive(r)}
+    return {"relay": records["audit-relay"], "ds double": records["ds-connector"], "broker": records["kafka"]}
+
+
+async def audit_burst(bench: Bench, report: Report, sizes: Sizes) -> None:
+    """(5) a burst of disclosures on the topic; the relay delivers them to the ds double. Then a
+    second burst during which ds answers 503 for OUTAGE_SECONDS."""
+    relay = bench.info.service_urls("audit-relay")[0]
+    pids = _relay_pids(bench)
     s = "5 audit relay burst"
-    report.add(s, "events produced (burst)", f"{sizes.burst}", f"in {produced:.2f}s")
+    base = await bench.metric(relay, "audit_relay_delivered_total")
+    cpu_before = tree_seconds(pids.values())
+    burst = await _produce_burst(bench, sizes.burst, f"burst-{uuid.uuid4().hex[:6]}")
+    limit = 300 if sizes.burst >= 10_000 else 90
+    delivered, max_lag = await _delivered(bench, relay, base, sizes.burst, limit)
+    drained = time.time() - burst.started
+    cpu_after = tree_seconds(pids.values())
+    report.add(s, "events produced (burst)", f"{sizes.burst}", f"in {burst.produced_s:.2f}s")
     report.add(
         s, "delivered to ds: events/s", f"{delivered / drained:.0f}", f"{delivered:.0f} in {drained:.1f}s"
     )
-    report.add(s, "lag after the burst was produced: s", f"{drained - produced:.1f}")
+    report.add(s, "lag after the burst was produced: s", f"{drained - burst.produced_s:.1f}")
     report.add(s, "max consumer lag observed: records", f"{max_lag:.0f}", "relay metric, 0.25 s polls")
-    calls = (await bench.http.get(f"{bench.info.ds_url}/_calls", params={"endpoint": "audit"})).json()
-    got = {
-        c["body"]["transfer_id"]
-        for c in calls
-        if isinstance(c.get("body"), dict)
-        and str(c["body"].get("transfer_id", "")).startswith(f"burst-{run}-")
+    per_event = {
+        name: 1000 * (cpu_after[pid] - cpu_before[pid]) / max(delivered, 1) for name, pid in pids.items()
     }
+    report.add(
+        s,
+        "CPU ms per event: relay / ds double / broker",
+        " / ".join(f"{v:.3f}" for v in per_event.values()),
+        "utime+stime from /proc over the burst ÷ events delivered (idle included)",
+    )
+    calls = await _audit_calls(bench, burst.tag)
+    accepted = [c for c in calls if c["status"] == 200]
+    first: dict[str, float] = {}
+    for c in accepted:
+        first.setdefault(c["body"]["transfer_id"], c["at"])
+    lags = Stats(latencies=[at - burst.sent_at[t] for t, at in first.items()])
+    report.add(
+        s,
+        "lag per event p50 / p99 / max: s",
+        f"{lags.p50:.2f} / {lags.p99:.2f} / {max(lags.latencies, default=float('nan')):.2f}",
+        "from the producer's send to ds's 200 (the double's clock)",
+    )
     report.check(
-        "ds received every event of the burst", len(got) == sizes.burst, f"{len(got)}/{sizes.burst} distinct"
+        "ds received every event of the burst",
+        len(first) == sizes.burst,
+        f"{len(first)}/{sizes.burst} distinct",
+    )
+    report.check(
+        "no event of the burst posted twice (no fault)",
+        len(calls) == len(first),
+        f"{len(calls) - len(first)} extra posts",
+    )
+    await audit_outage(bench, report, sizes, relay)
+
+
+async def audit_outage(bench: Bench, report: Report, sizes: Sizes, relay: str) -> None:
+    """(5b) a burst during which ds answers 503 to every audit post for OUTAGE_SECONDS: nothing
+    lost, the order promise kept, and how long after ds returned the relay delivered again."""
+    s = "5b audit relay, ds 503 mid-burst"
+    base = await bench.metric(relay, "audit_relay_delivered_total")
+    burst = await _produce_burst(bench, sizes.burst, f"outage-{uuid.uuid4().hex[:6]}")
+    ds = bench.info.ds_url
+    fault = {"action": "fault", "endpoint": "audit", "status": 503, "seconds": OUTAGE_SECONDS}
+    (await bench.http.post(f"{ds}/_control", json=fault)).raise_for_status()
+    returned = time.time() + OUTAGE_SECONDS  # ds answers again from here (the double's clock)
+    delivered, _ = await _delivered(bench, relay, base, sizes.burst, OUTAGE_SECONDS + 300)
+    done = time.time()
+    calls = await _audit_calls(bench, burst.tag)
+    accepted = [c for c in calls if c["status"] == 200]
+    refused = [c for c in calls if c["status"] == 503]
+    after = [c["at"] for c in accepted if c["at"] >= returned]
+    before = sum(1 for c in accepted if c["at"] < returned - OUTAGE_SECONDS)
+    report.add(s, "events produced (burst)", f"{sizes.burst}", f"in {burst.produced_s:.2f}s")
+    report.add(s, "delivered before the outage / refused (503) posts", f"{before} / {len(refused)}")
+    report.add(
+        s,
+        "first delivery after ds returned: s",
+        f"{min(after) - returned:.2f}" if after else "none",
+        f"ds answered 503 for {OUTAGE_SECONDS:.0f}s",
+    )
+    drained = f"{done - returned:.1f}"
+    report.add(s, "backlog drained after ds returned: s", drained, "relay metric, 0.25 s polls")
+    order = {f"{burst.tag}-{i}": i for i in range(sizes.burst)}
+    first: dict[str, int] = {}
+    for c in accepted:
+        first.setdefault(c["body"]["transfer_id"], order[c["body"]["transfer_id"]])
+    report.check(
+        "ds 503 mid-burst: nothing lost",
+        len(first) == sizes.burst and delivered >= sizes.burst,
+        f"{len(first)}/{sizes.burst} distinct accepted",
+    )
+    window = _window(bench)
+    report.check(
+        "ds 503 mid-burst: order within the relay's window kept (one key, one partition)",
+        _order_kept(list(first.values()), window),
+        f"window {window}",
     )

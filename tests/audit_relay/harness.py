@@ -337,16 +337,30 @@ class Post:
 class ObservingDs:
     """A ds connector double that watches the relay's concurrency: every audit post is answered
     after `delay_s`, with 503 for the event ids in `failing`, and recorded with when it started
-    and ended, so a test can tell how many posts were in flight at once and in which order. It
-    checks no bearer (the ds connector double does; concurrency is the point here)."""
+    and ended, so a test can tell how many posts were in flight at once and in which order. A
+    post of an event id passed to `hold` gets no answer until `release` (`held` counts those
+    waiting), then 503. It checks no bearer (the ds connector double does; concurrency is the
+    point here)."""
 
     def __init__(self, delay_s: float = 0.0) -> None:
         self.delay_s = delay_s
         self.failing: set[str] = set()
+        self.holding: set[str] = set()
+        self.held = 0
+        self._released = threading.Event()
+        self._released.set()
         self._lock = threading.Lock()
         self._posts: list[Post] = []
         self.current = 0
         self.max_concurrent = 0
+
+    def hold(self, keys: Iterable[str]) -> None:
+        self.holding = set(keys)
+        self._released.clear()
+
+    def release(self) -> None:
+        self.holding = set()
+        self._released.set()
 
     def posts(self, keys: Iterable[str] | None = None) -> list[Post]:
         with self._lock:
@@ -373,7 +387,12 @@ class ObservingDs:
                 if self.delay_s:
                     await asyncio.sleep(self.delay_s)
                 key = request.headers.get("idempotency-key")
-                status = 503 if key in self.failing else 200
+                was_held = key in self.holding
+                if was_held:
+                    self.held += 1
+                    await asyncio.to_thread(self._released.wait)
+                    self.held -= 1
+                status = 503 if key in self.failing or was_held else 200
             finally:
                 with self._lock:
                     self.current -= 1

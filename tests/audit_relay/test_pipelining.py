@@ -245,3 +245,60 @@ async def test_rf10_commit_stops_before_a_failing_event_and_a_restart_sends_it_a
     assert accepted[failing] == 1
     assert all(accepted[k] == 2 for k in ids[6:])  # at least once: a duplicate, same key
     _every_post_carries_its_event_id(ds.posts(ids), events)
+
+
+@pytest.mark.slow
+async def test_rf10_commit_stops_before_an_event_ds_holds_and_a_restart_delivers_it(
+    harness: h.Harness, observed: Observed
+) -> None:
+    """ds holds one post unanswered while it accepts every event after it: the commit stays right
+    before the held event; the relay is killed with that post still in flight; a relay started
+    again delivers it (with its own Idempotency-Key) and commits to the end."""
+    ds = observed.ds
+    suffix = uuid.uuid4().hex[:8]
+    topic, dlq_topic = f"test.audit.held.{suffix}", f"test.audit.held.{suffix}.dlq"
+    await h.make_topics(harness.bootstrap, topic, dlq_topic)
+    group = f"relay-held-{suffix}"
+    env = h.relay_env(
+        harness.bootstrap,
+        topic,
+        dlq_topic,
+        group,
+        harness.issuer,
+        {h.PROVIDER_A: observed.server.url},
+        # the held post stays in flight until the kill: no timeout and retry in between
+        AUDIT_RELAY_HTTP_TIMEOUT_S="600",
+    )
+    assert h.window_of(env) > 20  # the default window: all 20 go out at once
+    log = Path(tempfile.mkdtemp(prefix="audit-relay-held-")) / "relay.log"
+    events = await _publish(harness, topic, 0, 20, f"held-{suffix}")
+    ids = _ids(events)
+    held = ids[5]
+    ds.hold([held])
+    tp = TopicPartition(topic, 0)
+    first, second = h.RelayProcess(dict(env), log), h.RelayProcess(dict(env), log)
+    try:
+        first.start()
+        await _wait_accepted(ds, ids[:5] + ids[6:])
+        await _wait_committed(harness.bootstrap, group, tp, 5)
+        assert ds.held == 1  # the held event's post is in flight, unanswered
+        for _ in range(5):  # and the commit stays before it however long ds holds it
+            await asyncio.sleep(0.2)
+            assert await h.committed(harness.bootstrap, group, tp) == 5
+        assert ds.accepted([held]) == []
+        first.kill()
+
+        ds.release()  # the killed relay's post ends unaccepted (503); ds answers again
+        second.start()
+        await _wait_accepted(ds, [held])
+        await _wait_committed(harness.bootstrap, group, tp, 20)
+    finally:
+        first.stop()
+        second.stop()
+        ds.release()
+
+    accepted = Counter(ds.accepted(ids))
+    assert accepted[held] == 1  # delivered after the restart
+    assert all(accepted[k] == 1 for k in ids[:5])  # committed before the kill: never sent again
+    assert all(accepted[k] == 2 for k in ids[6:])  # accepted past the commit: sent again, same key
+    _every_post_carries_its_event_id(ds.posts(ids), events)

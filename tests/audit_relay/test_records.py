@@ -26,7 +26,7 @@ def _raw(**overrides: object) -> bytes:
 def test_rf10_body_is_built_from_the_event_alone() -> None:
     ev = parse_event(_raw(authorized_subject_ids=["did:web:a.example"], decision_ref="ab" * 32))
     assert isinstance(ev, DisclosureRecorded)
-    assert audit_body(ev) == {
+    assert json.loads(audit_body(ev)) == {
         "dataset_id": "meter_readings",
         "consumer_id": "did:web:consumer.example",
         "user_id": None,
@@ -43,7 +43,7 @@ def test_rf10_body_is_built_from_the_event_alone() -> None:
 def test_rf10_null_stays_null_and_empty_stays_empty(subjects: list[str] | None) -> None:
     ev = parse_event(_raw(authorized_subject_ids=subjects, decision_ref=None))
     assert isinstance(ev, DisclosureRecorded)
-    body = audit_body(ev)
+    body = json.loads(audit_body(ev))
     assert body["authorized_subject_ids"] == subjects
     assert "decision_ref" not in body
 

@@ -69,7 +69,7 @@ async def test_answers_are_sorted_into_accepted_retry_and_final(
 ) -> None:
     health = Health(grace_s=0)
     sender = DsSender(pools, _unconfigured(client), health)
-    assert await sender.post(f"{status_server.url}/{code}", "e-1", {"row_count": 1}) == expected
+    assert await sender.post(f"{status_server.url}/{code}", "e-1", b'{"row_count":1}') == expected
     assert health.ds_auth_ready() == (code not in (401, 403))
 
 
@@ -78,7 +78,7 @@ async def test_unreachable_ds_is_retried_and_unready_after_the_grace(
 ) -> None:
     health = Health(grace_s=0)
     sender = DsSender(pools, _unconfigured(client), health)
-    outcome = await sender.post(f"http://127.0.0.1:{free_port()}", "e-1", {})
+    outcome = await sender.post(f"http://127.0.0.1:{free_port()}", "e-1", b"{}")
     assert outcome == Retry("connect_error")
     assert not health.ds_ready()
 
@@ -91,7 +91,7 @@ async def test_unreachable_issuer_is_retried_and_unready(
         client, token_url=f"http://127.0.0.1:{free_port()}/token", client_id="svc", client_secret="secret"
     )
     sender = DsSender(pools, token, health)
-    assert await sender.post("http://127.0.0.1:9", "e-1", {}) == Retry("token")
+    assert await sender.post("http://127.0.0.1:9", "e-1", b"{}") == Retry("token")
     assert not health.ds_auth_ready()
 
 

@@ -7,23 +7,25 @@ credential or configuration problem that an operator can fix without losing the 
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Any
+from urllib.parse import urlsplit
 
-import aiohttp
 from opentelemetry import propagate, trace
+from opentelemetry.context import Context
 
 from audit_relay.health import Health
+from audit_relay.http1 import Http1Pool, Unanswered
 from dataplane_service_kit.oauth import ClientCredentialsToken as ServiceToken
 from dataplane_service_kit.oauth import TokenUnavailable
 
 AUDIT_PATH = "/internal/audit/query"
 _tracer = trace.get_tracer("audit_relay")
+_POST_ATTRIBUTES = {"http.request.method": "POST", "url.path": AUDIT_PATH}
 
 
 @dataclass(frozen=True)
@@ -93,9 +95,9 @@ class ConnectorPools:
     once. The gate is taken before a post and held until its answer: a post waiting for a free
     connection must not spend its own timeout waiting, or a busy pool would read as a slow ds.
 
-    aiohttp rather than httpx here: at the relay's rates httpx's pool was most of the relay's CPU
-    (it scans every pooled connection on each request), and the relay shares its cores with ds
-    and the broker. The issuer (a call every few minutes) keeps the service kit's httpx client."""
+    The pools are the relay's own HTTP/1.1 client (http1.py): httpx's pool scanned every pooled
+    connection on each request, and aiohttp's request machinery was a third of the relay's CPU
+    per event. The issuer (a call every few minutes) keeps the service kit's httpx client."""
 
     # below the usual server keep-alive (uvicorn: 5 s), so the relay closes an idle connection
     # before ds does and a post rarely meets a connection the server has just closed
@@ -103,9 +105,10 @@ class ConnectorPools:
 
     def __init__(self, *, max_in_flight: int, timeout_s: float) -> None:
         self._max_in_flight = max_in_flight
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._timeout_s = timeout_s
         self._gates: dict[str, asyncio.Semaphore] = {}
-        self._sessions: dict[str, aiohttp.ClientSession] = {}
+        self._pools: dict[str, Http1Pool] = {}
+        self._targets: dict[str, str] = {}
 
     def gate(self, connector: str) -> asyncio.Semaphore:
         gate = self._gates.get(connector)
@@ -113,38 +116,36 @@ class ConnectorPools:
             gate = self._gates[connector] = asyncio.Semaphore(self._max_in_flight)
         return gate
 
-    def _session(self, connector: str) -> aiohttp.ClientSession:
-        session = self._sessions.get(connector)
-        if session is None:
-            pool = aiohttp.TCPConnector(limit=self._max_in_flight, keepalive_timeout=self.KEEPALIVE_S)
-            session = aiohttp.ClientSession(
-                connector=pool,
-                timeout=self._timeout,
-                # every post stands alone: nothing ds sets may ride along on the next one
-                cookie_jar=aiohttp.DummyCookieJar(),
-            )
-            self._sessions[connector] = session
-        return session
+    def _pool(self, connector: str) -> Http1Pool:
+        pool = self._pools.get(connector)
+        if pool is None:
+            pool = self._pools[connector] = Http1Pool(connector, keepalive_s=self.KEEPALIVE_S)
+        return pool
+
+    def _target(self, url: str) -> str:
+        target = self._targets.get(url)
+        if target is None:
+            parts = urlsplit(url)
+            target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            self._targets[url] = target
+        return target
 
     async def post(
         self, connector: str, url: str, body: bytes, headers: dict[str, str]
     ) -> tuple[int, str | None]:
         """ds's status and Retry-After header."""
         try:
-            async with self._session(connector).post(
-                url, data=body, headers=headers, allow_redirects=False
-            ) as response:
-                await response.read()  # the whole answer, so the connection goes back to the pool
-                return response.status, response.headers.get("Retry-After")
+            async with asyncio.timeout(self._timeout_s):
+                return await self._pool(connector).post(self._target(url), body, headers)
         except TimeoutError:
             raise PostTimedOut from None
-        except aiohttp.ClientError as exc:
+        except (Unanswered, OSError) as exc:
             raise PostFailed(type(exc).__name__) from None
 
     async def aclose(self) -> None:
-        sessions, self._sessions = list(self._sessions.values()), {}
-        for session in sessions:
-            await session.close()
+        pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            pool.close()
 
 
 class DsSender:
@@ -156,7 +157,18 @@ class DsSender:
     def gate(self, connector: str) -> asyncio.Semaphore:
         return self._pools.gate(connector)
 
-    async def post(self, connector: str, event_id: str, body: dict[str, Any]) -> Outcome:
+    async def post(
+        self,
+        connector: str,
+        event_id: str,
+        body: bytes,
+        *,
+        parent: Context | None = None,
+        attributes: Mapping[str, str | int] | None = None,
+    ) -> Outcome:
+        """One attempt; `parent` is the event's trace context (its record's headers), `attributes`
+        what the span says about the record. The span is the relay's one span per attempt: the
+        CLIENT span of the post, whose context ds receives as `traceparent`."""
         try:
             bearer = await self._token.get()
         except TokenUnavailable:
@@ -168,14 +180,14 @@ class DsSender:
         if bearer is not None:
             headers["Authorization"] = f"Bearer {bearer}"
         url = connector + AUDIT_PATH
-        payload = json.dumps(body, separators=(",", ":")).encode()
-        with _tracer.start_as_current_span("audit_relay.post", kind=trace.SpanKind.CLIENT) as span:
-            span.set_attribute("http.request.method", "POST")
-            span.set_attribute("url.path", AUDIT_PATH)
+        with _tracer.start_as_current_span(
+            "audit_relay.post", context=parent, kind=trace.SpanKind.CLIENT, attributes=attributes
+        ) as span:
+            span.set_attributes(_POST_ATTRIBUTES)
             propagate.inject(headers)
             started = time.monotonic()
             try:
-                status, retry_after = await self._pools.post(connector, url, payload, headers)
+                status, retry_after = await self._pools.post(connector, url, body, headers)
             except PostTimedOut:
                 self._health.ds_failing(connector)
                 span.set_attribute("error.type", "timeout")

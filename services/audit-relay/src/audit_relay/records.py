@@ -46,6 +46,17 @@ def parse_event(raw: bytes | None) -> DisclosureRecorded | Rejected:
     if raw is None:
         return Rejected("unparseable", "record has no value", None)
     try:
+        # the common case in one pass (pydantic's own JSON parser, no dict in between)
+        event = DisclosureRecorded.model_validate_json(raw)
+    except ValidationError:
+        # whatever it refuses is judged the way it always was, from the decoded JSON, so a
+        # rejection keeps its reason and detail
+        return _parse_decoded(raw)
+    return _only_dids(event, str(event.event_id))
+
+
+def _parse_decoded(raw: bytes) -> DisclosureRecorded | Rejected:
+    try:
         data: Any = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         return Rejected("unparseable", "record value is not JSON", None)
@@ -54,6 +65,10 @@ def parse_event(raw: bytes | None) -> DisclosureRecorded | Rejected:
         event = DisclosureRecorded.model_validate(data)
     except ValidationError as exc:
         return _rejected(exc, data, event_id)
+    return _only_dids(event, event_id)
+
+
+def _only_dids(event: DisclosureRecorded, event_id: str | None) -> DisclosureRecorded | Rejected:
     # belt and braces: the contract type already checks, but a DID-only body is the point (RF-10)
     if event.authorized_subject_ids is not None and not all(is_did(s) for s in event.authorized_subject_ids):
         return Rejected("non_did_subject", "authorized_subject_ids holds a value that is not a DID", event_id)
@@ -70,10 +85,10 @@ def _rejected(exc: ValidationError, data: Any, event_id: str | None) -> Rejected
     return Rejected("unparseable", f"not a DisclosureRecorded: invalid {', '.join(fields)}", event_id)
 
 
-def audit_body(event: DisclosureRecorded) -> dict[str, Any]:
-    """`POST /internal/audit/query` body: null subjects stay null, [] stays [], decision_ref only
-    when present; user_id and subject_id are always null (docs/wire-contracts.md)."""
-    return AuditQueryBody(
+def audit_body(event: DisclosureRecorded) -> bytes:
+    """`POST /internal/audit/query` body, serialised: null subjects stay null, [] stays [],
+    decision_ref only when present; user_id and subject_id are always null (docs/wire-contracts.md)."""
+    body = AuditQueryBody(
         dataset_id=event.dataset_id,
         consumer_id=event.consumer_id,
         agreement_id=event.agreement_id,
@@ -81,8 +96,12 @@ def audit_body(event: DisclosureRecorded) -> dict[str, Any]:
         row_count=event.row_count,
         authorized_subject_ids=event.authorized_subject_ids,
         decision_ref=event.decision_ref,
-    ).wire()
+    )
+    # AuditQueryBody.wire() as JSON, serialised by pydantic in one step (no dict in between)
+    return body.model_dump_json(exclude=_NO_DECISION_REF if body.decision_ref is None else None).encode()
 
+
+_NO_DECISION_REF = {"decision_ref"}
 
 _NOT_A_DID = "<redacted: not a DID>"
 _NOT_IN_CONTRACT = "<redacted: not a DisclosureRecorded field>"

@@ -14,12 +14,13 @@ import contextlib
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
 from opentelemetry import trace
+from opentelemetry.context import Context
 
 from audit_relay.delivery import Accepted, DsSender, Refused, Retry, backoff_delay
 from audit_relay.health import Health
@@ -38,11 +39,25 @@ _tracer = trace.get_tracer("audit_relay")
 
 @dataclass(frozen=True)
 class _Post:
-    """A record ready to post, worked out once however often it is retried."""
+    """A record ready to post, worked out once however often it is retried: the body serialised,
+    the producer's trace context read from the record's headers."""
 
     event_id: str
     connector: str
-    body: dict[str, Any]
+    body: bytes
+    trace: Context
+
+
+def _span_attributes(record: Record, event_id: str | None) -> dict[str, str | int]:
+    """What the relay's span of a record says about it (no personal data: places and the id)."""
+    attributes: dict[str, str | int] = {
+        "messaging.destination.name": record.topic,
+        "messaging.destination.partition.id": str(record.partition),
+        "messaging.kafka.offset": record.offset,
+    }
+    if event_id is not None:
+        attributes["audit_relay.event_id"] = event_id
+    return attributes
 
 
 @dataclass(frozen=True)
@@ -186,45 +201,42 @@ class Relay:
 
     # -- one attempt at one record ------------------------------------------------------------------
     async def deliver(self, slot: Slot, window: Window) -> Finished | Retry:
-        record = slot.record
-        ctx: Any = context_from_kafka_headers(record.headers)
-        with _tracer.start_as_current_span(
-            "audit_relay.consume", context=ctx, kind=trace.SpanKind.CONSUMER
-        ) as span:
-            span.set_attribute("messaging.destination.name", record.topic)
-            span.set_attribute("messaging.destination.partition.id", str(record.partition))
-            span.set_attribute("messaging.kafka.offset", record.offset)
-            if slot.prepared is None:
-                slot.prepared = self._prepare(record)
-            prepared = slot.prepared
-            if isinstance(prepared, _Letter):
-                return await self._dead_letter(slot, prepared)
-            assert isinstance(prepared, _Post)
-            span.set_attribute("audit_relay.event_id", prepared.event_id)
-            async with self.sender.gate(prepared.connector):
-                # a record of this partition failed while this one waited for the connector: only
-                # the probe may go now (window.py, "Retry, head first")
-                if not window.may_post(slot, time.monotonic()):
-                    return HELD_BACK
-                slot.connector = prepared.connector
-                self.metrics.in_flight.inc()
-                try:
-                    outcome = await self.sender.post(prepared.connector, prepared.event_id, prepared.body)
-                finally:
-                    self.metrics.in_flight.dec()
-            if isinstance(outcome, Accepted):
-                self.metrics.delivered.inc()
-                self.metrics.outcome("delivered")
-                self.metrics.delivery_latency.observe(max(0.0, time.time() - record.timestamp / 1000))
-                return FINISHED
-            if isinstance(outcome, Refused):
-                rejected = Rejected("ds_rejected", f"ds answered {outcome.status}", prepared.event_id)
-                slot.prepared = _Letter(rejected, outcome.status)
-                return await self._dead_letter(slot, slot.prepared)
-            return outcome
+        if slot.prepared is None:
+            slot.prepared = self._prepare(slot.record)
+        prepared = slot.prepared
+        if isinstance(prepared, _Letter):
+            return await self._dead_letter(slot, prepared)
+        assert isinstance(prepared, _Post)
+        async with self.sender.gate(prepared.connector):
+            # a record of this partition failed while this one waited for the connector: only
+            # the probe may go now (window.py, "Retry, head first")
+            if not window.may_post(slot, time.monotonic()):
+                return HELD_BACK
+            slot.connector = prepared.connector
+            self.metrics.in_flight.inc()
+            try:
+                outcome = await self.sender.post(
+                    prepared.connector,
+                    prepared.event_id,
+                    prepared.body,
+                    parent=prepared.trace,
+                    attributes=_span_attributes(slot.record, prepared.event_id),
+                )
+            finally:
+                self.metrics.in_flight.dec()
+        if isinstance(outcome, Accepted):
+            self.metrics.delivered.inc()
+            self.metrics.outcome("delivered")
+            self.metrics.delivery_latency.observe(max(0.0, time.time() - slot.record.timestamp / 1000))
+            return FINISHED
+        if isinstance(outcome, Refused):
+            rejected = Rejected("ds_rejected", f"ds answered {outcome.status}", prepared.event_id)
+            slot.prepared = _Letter(rejected, outcome.status)
+            return await self._dead_letter(slot, slot.prepared)
+        return outcome
 
     def _prepare(self, record: Record) -> _Post | _Letter:
-        """The event, its connector and its body; or why it goes to the DLQ."""
+        """The event, its connector, its body and its trace; or why it goes to the DLQ."""
         parsed = parse_event(record.value)
         if isinstance(parsed, Rejected):
             return _Letter(parsed)
@@ -237,9 +249,23 @@ class Relay:
             return _Letter(
                 Rejected("ds_not_configured", "CONNECTOR_INTERNAL_URL is not configured", event_id)
             )
-        return _Post(event_id, connector, audit_body(parsed))
+        parent = cast(Context, context_from_kafka_headers(record.headers))
+        return _Post(event_id, connector, audit_body(parsed), parent)
 
     async def _dead_letter(self, slot: Slot, letter: _Letter) -> Finished | Retry:
+        record = slot.record
+        # in the trace of the event (the producer's context), so the DLQ write is found there
+        parent: Any = context_from_kafka_headers(record.headers)
+        with _tracer.start_as_current_span(
+            "audit_relay.dead_letter",
+            context=parent,
+            kind=trace.SpanKind.PRODUCER,
+            attributes=_span_attributes(record, letter.rejected.event_id),
+        ) as span:
+            span.set_attribute("audit_relay.dlq_reason", letter.rejected.reason)
+            return await self._write_dead_letter(slot, letter)
+
+    async def _write_dead_letter(self, slot: Slot, letter: _Letter) -> Finished | Retry:
         record, rejected = slot.record, letter.rejected
         value = dead_letter(
             rejected,

@@ -20,7 +20,10 @@ class Settings(HttpSettings, KafkaSettings, OidcSettings, ConnectorSettings):
     # readiness fails once the broker or ds has been unreachable for longer than this
     audit_relay_unready_grace_s: float = Field(default=30.0, ge=0)
     audit_relay_backoff_initial_s: float = Field(default=0.5, gt=0)
-    audit_relay_backoff_max_s: float = Field(default=60.0, gt=0)
+    # the longest backoff, and so how long after ds recovers a partition may wait for its next
+    # probe (the backoff is half fixed, half random: between half of this and this); an outage
+    # costs one post per backoff per partition, little for ds even at a few seconds
+    audit_relay_backoff_max_s: float = Field(default=5.0, gt=0)
     # a Retry-After beyond this is treated as this (a broken header must not park a partition for days)
     audit_relay_retry_after_max_s: float = Field(default=300.0, gt=0)
     # docs/wire-contracts.md: every connector call has a 5 s timeout
@@ -37,7 +40,10 @@ class Settings(HttpSettings, KafkaSettings, OidcSettings, ConnectorSettings):
     audit_relay_max_in_flight_per_connector: int = Field(default=64, ge=1, le=1024)
     # Records of one partition fetched and not yet delivered or dead-lettered; fetching of the
     # partition pauses at this many (back-pressure), and resumes once half of them are done.
-    audit_relay_max_buffered_per_partition: int = Field(default=512, ge=1, le=100_000)
+    # 4096: a broker that sleeps out its fetch wait (Tansu: 500 ms in the local stack) hands over
+    # at most this many per wait, and 2 000 events/s needs more than 1 000 per wait (~4 MB at
+    # ~1 KB per record)
+    audit_relay_max_buffered_per_partition: int = Field(default=4096, ge=1, le=100_000)
 
     @model_validator(mode="after")
     def _complete(self) -> Settings:

@@ -156,7 +156,11 @@ async def apply_fault(fault: Fault | None) -> Response | None:
 
 
 async def read_json(request: Request) -> Any:
-    raw = await request.body()
+    return json_or_text(await request.body())
+
+
+def json_or_text(raw: bytes) -> Any:
+    """A request body as a double records it: JSON, else text, None when empty."""
     if not raw:
         return None
     try:
@@ -166,7 +170,11 @@ async def read_json(request: Request) -> Any:
 
 
 def bearer_of(request: Request) -> str | None:
-    value = request.headers.get("authorization", "")
+    return bearer_in(request.headers.get("authorization", ""))
+
+
+def bearer_in(value: str) -> str | None:
+    """The token of an `Authorization: Bearer …` header value."""
     scheme, _, token = value.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         return None

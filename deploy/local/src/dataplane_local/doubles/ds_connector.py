@@ -5,7 +5,8 @@ It plays one connector at the root (`/internal/...`) and/or several under a path
 
 - `GET  /internal/edr-jwks`             → `{"keys": [EC public JWK]}`
 - `POST /internal/dataplane/authorize`  → a decision computed from the policy (below)
-- `POST /internal/audit/query`          → records body and headers, answers `200 {}`
+- `POST /internal/audit/query`          → records body and headers, answers `200 {}` (a plain
+                                           ASGI door, `DsConnectorApp`: the relay's bench rate)
 - `GET  /_calls`, `POST /_control`, `GET /_participants` → test controls (see `control`)
 
 Policy (YAML or dict; `deploy/local/ds-policy.yaml` is an example)::
@@ -56,6 +57,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.types import Receive, Scope, Send
 
 from dataplane_local.doubles._common import (
     Call,
@@ -63,13 +65,16 @@ from dataplane_local.doubles._common import (
     JwksVerifier,
     add_common_routes,
     apply_fault,
-    bearer_of,
+    bearer_in,
     common_control,
-    read_json,
+    json_or_text,
     run_main,
 )
 
 ROOT = ""
+AUDIT_PATH = "/internal/audit/query"
+# verified service bearers kept (token → claims) before the cache starts again from empty
+_VERIFIED_MAX = 1024
 _ROOT_KEYS = {"participant_id", "private_key_pem", "agreements", "consents"}
 _TOP_KEYS = _ROOT_KEYS | {"participants", "service_auth"}
 
@@ -113,6 +118,7 @@ class DsConnectorDouble(DoubleBase):
         self.participants: dict[str, Participant] = {}
         self.service_auth: dict[str, Any] = {}
         self._verifier: JwksVerifier | None = None
+        self._verified: dict[str, dict[str, Any]] = {}
         self.set_policy(policy or {"participant_id": "did:web:provider.example", "agreements": {}})
         if service_auth is not None:
             self.set_service_auth(service_auth)
@@ -155,6 +161,7 @@ class DsConnectorDouble(DoubleBase):
         self.service_auth = dict(service_auth)
         url = self.service_auth.get("jwks_url")
         self._verifier = JwksVerifier(url, self.service_auth.get("audience")) if url else None
+        self._verified = {}
 
     def participant(self, name: str = ROOT) -> Participant:
         with self._lock:
@@ -304,24 +311,44 @@ class DsConnectorDouble(DoubleBase):
             return {"token": token}
         raise ValueError(f"unknown action {action!r}")
 
-    def check_service_bearer(self, request: Request) -> Response | None:
+    def check_service_bearer(self, authorization: str) -> Response | None:
+        """None when the `Authorization` header value passes the configured check, else the refusal."""
         cfg = self.service_auth
         if not cfg:
             return None
-        token = bearer_of(request)
+        token = bearer_in(authorization)
         if token is None:
             return JSONResponse({"detail": "service bearer required"}, status_code=401)
         if "token" in cfg and token != cfg["token"]:
             return JSONResponse({"detail": "service bearer not accepted"}, status_code=401)
         if self._verifier is not None:
-            try:
-                claims = self._verifier.verify(token)
-            except Exception:
+            claims = self._verified_claims(self._verifier, token)
+            if claims is None:
                 return JSONResponse({"detail": "service bearer not valid"}, status_code=401)
             scope = cfg.get("required_scope")
             if scope and scope not in str(claims.get("scope", "")).split():
                 return JSONResponse({"detail": "scope missing"}, status_code=403)
         return None
+
+    def _verified_claims(self, verifier: JwksVerifier, token: str) -> dict[str, Any] | None:
+        """The token's claims once its signature verified, None if it does not. A caller sends the
+        same bearer until it expires (the audit relay, one post per event): its signature is
+        checked once and its claims kept until their `exp`, as a real connector may cache them."""
+        verified = self._verified
+        claims = verified.get(token)
+        if claims is not None:
+            exp = claims.get("exp")
+            if not isinstance(exp, int | float) or exp > time.time():
+                return claims
+        try:
+            claims = verifier.verify(token)
+        except Exception:
+            verified.pop(token, None)
+            return None
+        if len(verified) >= _VERIFIED_MAX:
+            verified.clear()
+        verified[token] = claims
+        return claims
 
 
 def _dataset_entries(datasets: Any) -> dict[str, dict[str, Any]]:
@@ -336,42 +363,104 @@ def _dataset_entries(datasets: Any) -> dict[str, dict[str, Any]]:
     return entries
 
 
+class DsConnectorApp(FastAPI):
+    """The double's FastAPI app behind a plain-ASGI door for `POST [/{participant}]/internal/audit/
+    query`: the audit relay posts one event per request, thousands a second in the benches, and
+    the framework's routing, middleware and request objects cost several times what answering and
+    recording the call does. The door answers exactly as the route would (same checks, faults and
+    recorded call); every other request goes to FastAPI."""
+
+    double: DsConnectorDouble
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            participant = _audit_participant(scope["path"])
+            if participant is not None:
+                await self._audit(scope, receive, send, participant)
+                return
+        await super().__call__(scope, receive, send)
+
+    async def _audit(self, scope: Scope, receive: Receive, send: Send, participant: str) -> None:
+        chunks: list[bytes] = []
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # the caller left: nothing was answered, nothing is recorded
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        # the names lower-case and the last of a repeated header, as the FastAPI route records them
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        body = json_or_text(b"".join(chunks))
+        response = await _answer(self.double, participant, "audit", headers, body)
+        if response is None:
+            await send(_ACCEPTED_START)
+            await send(_ACCEPTED_BODY)
+            status = 200
+        else:
+            await response(scope, receive, send)
+            status = response.status_code
+        self.double.record(Call("audit", participant, "POST", scope["path"], headers, body, status))
+
+
+# `200 {}`, ds's answer to an audit post, as JSONResponse({}) renders it
+_ACCEPTED_START = {
+    "type": "http.response.start",
+    "status": 200,
+    "headers": [(b"content-length", b"2"), (b"content-type", b"application/json")],
+}
+_ACCEPTED_BODY = {"type": "http.response.body", "body": b"{}"}
+
+
+def _audit_participant(path: str) -> str | None:
+    """The connector an audit path addresses (ROOT for `/internal/audit/query`), None for any
+    other path: the same shapes the FastAPI routes match, a participant being one path segment."""
+    if path == AUDIT_PATH:
+        return ROOT
+    if not path.endswith(AUDIT_PATH):
+        return None
+    name = path[1 : -len(AUDIT_PATH)]
+    if not path.startswith("/") or not name or "/" in name:
+        return None
+    return name
+
+
+async def _answer(
+    state: DsConnectorDouble, participant: str, endpoint: str, headers: dict[str, str], body: Any
+) -> Response | None:
+    """The answer to one call of an endpoint; None for an accepted audit post (`200 {}`)."""
+    if participant not in state.participants:
+        return JSONResponse({"detail": f"no connector {participant!r} here"}, status_code=404)
+    faulted = await apply_fault(state.take_fault(endpoint, participant))
+    if faulted is not None:
+        return faulted
+    refused = state.check_service_bearer(headers.get("authorization", ""))
+    if refused is not None:
+        return refused
+    if endpoint == "jwks":
+        return JSONResponse(state.jwks(participant))
+    if endpoint == "audit":
+        return None
+    if not isinstance(body, dict) or not isinstance(body.get("dataset_ids"), list):
+        return JSONResponse({"detail": "authorize body must carry dataset_ids"}, status_code=422)
+    return JSONResponse(state.decide(participant, body))
+
+
 def create_app(state: DsConnectorDouble) -> FastAPI:
-    app = FastAPI(title="ds connector DEVELOPMENT DOUBLE")
+    app = DsConnectorApp(title="ds connector DEVELOPMENT DOUBLE")
+    app.double = state
     app.state.double = state
 
     async def handle(request: Request, participant: str, endpoint: str) -> Response:
-        body = await read_json(request) if request.method == "POST" else None
-        response = await _answer(request, participant, endpoint, body)
+        body = json_or_text(await request.body()) if request.method == "POST" else None
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        response = await _answer(state, participant, endpoint, headers, body)
+        if response is None:
+            response = JSONResponse({})
         state.record(
-            Call(
-                endpoint,
-                participant,
-                request.method,
-                request.url.path,
-                {k.lower(): v for k, v in request.headers.items()},
-                body,
-                response.status_code,
-            )
+            Call(endpoint, participant, request.method, request.url.path, headers, body, response.status_code)
         )
         return response
-
-    async def _answer(request: Request, participant: str, endpoint: str, body: Any) -> Response:
-        if participant not in state.participants:
-            return JSONResponse({"detail": f"no connector {participant!r} here"}, status_code=404)
-        faulted = await apply_fault(state.take_fault(endpoint, participant))
-        if faulted is not None:
-            return faulted
-        refused = state.check_service_bearer(request)
-        if refused is not None:
-            return refused
-        if endpoint == "jwks":
-            return JSONResponse(state.jwks(participant))
-        if endpoint == "audit":
-            return JSONResponse({})
-        if not isinstance(body, dict) or not isinstance(body.get("dataset_ids"), list):
-            return JSONResponse({"detail": "authorize body must carry dataset_ids"}, status_code=422)
-        return JSONResponse(state.decide(participant, body))
 
     for prefix, fixed in (("", ROOT), ("/{participant}", None)):
 
@@ -384,7 +473,8 @@ def create_app(state: DsConnectorDouble) -> FastAPI:
 
         app.add_api_route(f"{prefix}/internal/edr-jwks", bind("jwks"), methods=["GET"])
         app.add_api_route(f"{prefix}/internal/dataplane/authorize", bind("authorize"), methods=["POST"])
-        app.add_api_route(f"{prefix}/internal/audit/query", bind("audit"), methods=["POST"])
+        # answered by the door (DsConnectorApp); the route stays for the framework's view of the app
+        app.add_api_route(f"{prefix}{AUDIT_PATH}", bind("audit"), methods=["POST"])
 
     @app.get("/_participants")
     def participants() -> dict[str, Any]:
