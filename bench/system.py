@@ -53,7 +53,7 @@ def catalogue() -> dict[str, Any]:
         {
             "id": TABLE,
             "table": f"public.{TABLE}",
-            # open: no group policy (§2.5), so a plain person token reaches the row filter; an
+            # open: no group policy (docs/gateway.md), so a plain person token reaches the row filter; an
             # internal dataset needs a row-scoped organization layer and organization claims
             "access_level": "open",
             "expose": True,

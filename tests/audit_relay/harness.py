@@ -204,7 +204,7 @@ class Harness:
     relay: RelayProcess
     producer: AIOKafkaProducer
     # CONNECTOR_INTERNAL_URL of the shared relay, set alongside CONNECTOR_INTERNAL_URLS: it serves
-    # only events that name no provider (reference §1.3, rules 2 and 3)
+    # only events that name no provider (docs/gateway.md, connector rules 2 and 3)
     default: Connector
     dlq: list[dict[str, Any]] = field(default_factory=list)
     dlq_headers: list[dict[str, bytes]] = field(default_factory=list)

@@ -1,5 +1,6 @@
-"""Reference §1.4: the relay's own client-credentials bearer — fetched once, refreshed before it
-expires, fetched again after a 401; a refused credential makes the relay unready until ds accepts."""
+"""docs/wire-contracts.md, "ds connector": the relay's own client-credentials bearer — fetched once,
+refreshed before it expires, fetched again after a 401; a refused credential makes the relay unready
+until ds accepts."""
 
 from __future__ import annotations
 

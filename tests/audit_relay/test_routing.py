@@ -1,6 +1,6 @@
-"""Reference §1.3 on the relay, with both CONNECTOR_INTERNAL_URL (a default connector) and
-CONNECTOR_INTERNAL_URLS (providers A and B) set: a listed provider goes to its own connector; a
-provider the map does not list is unroutable (listing any means listing all) and is never sent to
+"""Connector resolution (docs/gateway.md) on the relay, with both CONNECTOR_INTERNAL_URL (a default
+connector) and CONNECTOR_INTERNAL_URLS (providers A and B) set: a listed provider goes to its own
+connector; a provider the map does not list is unroutable (listing any means listing all) and is never sent to
 the default; an event that names no provider goes to the default (rule 3)."""
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ HUNG_ATTEMPTS = 2
 async def test_rf10_ds_hanging_past_the_timeout_is_retried_and_every_event_delivered(
     harness: h.Harness, window: str
 ) -> None:
-    # a relay of its own, with a short timeout; the shared one keeps reference §1.4's 5 s
+    # a relay of its own, with a short timeout; the shared one keeps the default 5 s
     suffix = uuid.uuid4().hex[:8]
     topic, dlq_topic = f"test.audit.timeout.{suffix}", f"test.audit.timeout.{suffix}.dlq"
     await h.make_topics(harness.bootstrap, topic, dlq_topic)

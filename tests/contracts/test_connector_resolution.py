@@ -1,5 +1,5 @@
-"""Reference §1.3: which connector serves a provider participant (shared by the gateway and the
-audit-relay through `connector_base`)."""
+"""docs/gateway.md, "Connector resolution": which connector serves a provider participant (shared by
+the gateway and the audit-relay through `connector_base`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The error table and the topics, as ARCHITECTURE.md lists them."""
+"""The error table and the topics, as docs/wire-contracts.md lists them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Retries, then a loud failure (prior-art/row-filters-two-phase.md): a transient upstream failure
+"""Retries, then a loud failure (docs/row-filters.md, "Two phases"): a transient upstream failure
 — a refused connection, a timeout, a 5xx — is retried, 3 attempts backing off from 20 ms and
 doubling, both configurable; when every attempt fails the answer is `row_filter_unavailable`,
 never a plan. The schedule is read from the settings and the retry module, not timed; attempts

@@ -1,4 +1,4 @@
-"""Hot path: the ds decision cache (reference §1.6, `cache: {ttl_seconds}`).
+"""Hot path: the ds decision cache (docs/wire-contracts.md, `cache: {ttl_seconds}`).
 
 Two layers: the cache module alone, on an injected clock; and the real gateway over HTTP against
 the ds double, counting the authorize calls the double received. The gateways here are this

@@ -1,4 +1,4 @@
-"""Connector resolution (reference §1.3) with dedicated gateways, and the disclosure gate: with a
+"""Connector resolution (docs/gateway.md) with dedicated gateways, and the disclosure gate: with a
 dedicated broker stopped, a dataspace query is 503 audit_unavailable and serves no rows."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The legacy EDR path (reference §1; RF-01, RF-02, RF-04, RF-06, RF-10; GS-13) against the ds
+"""The legacy EDR path (docs/gateway.md; RF-01, RF-02, RF-04, RF-06, RF-10; GS-13) against the ds
 connector double, with the disclosure read back from the broker."""
 
 from __future__ import annotations

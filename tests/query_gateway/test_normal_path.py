@@ -1,4 +1,4 @@
-"""The normal API path: authentication, access levels and policy (reference §2.3–2.5), the two
+"""The normal API path: authentication, access levels and policy (docs/gateway.md), the two
 catalogue layers (GS-06, GS-07, GS-10), the pure handlers (RF-04, RF-05) and the response."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Lookup handlers through the filter-resolver protocol (ARCHITECTURE "Two phases"): claim check in
+"""Lookup handlers through the filter-resolver protocol (docs/row-filters.md, "Two phases"): claim check in
 Redis, a PlanRequest carrying nothing personal, replies read from this instance's partition, the
 cached and one-shot outcomes, coalescing, the in-process tier, and 503 row_filter_unavailable.
 

@@ -1,6 +1,6 @@
 {{/*
 Environment of one service, assembled from the configuration groups its wiring names.
-Names follow ARCHITECTURE.md "Configuration". Every secret comes from a secretKeyRef.
+Names follow docs/configuration.md. Every secret comes from a secretKeyRef.
 Call: include "dataplane.env" (dict "root" $ "s" $s)
 */}}
 {{- define "dataplane.env" -}}

@@ -1,5 +1,5 @@
 # ruff: noqa: E501 - SQL test data reads best on one line
-"""Execution (reference §4.4/§4.5): read-only transaction, statement timeout, pagination with a
+"""Execution (QE-04, docs/gateway.md): read-only transaction, statement timeout, pagination with a
 count (or not), the limit cap, the outer ORDER BY of QE-04, and the error mapping."""
 
 from __future__ import annotations

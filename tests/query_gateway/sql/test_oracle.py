@@ -67,7 +67,7 @@ async def test_rewrite_matches_a_database_holding_only_permitted_rows(
     page = await db.query(sql, permit.plans())
     got = multiset([tuple(item.values()) for item in page.items])
     if permit.denies(validated.dataset_ids):
-        # ARCHITECTURE: a deny puts FALSE into every SELECT, the outer page and count included
+        # RF-05: a deny puts FALSE into every SELECT, the outer page and count included
         assert (got, page.total) == ([], 0), sql
         return
     await load_permitted(db_b, permit)

@@ -1,5 +1,5 @@
 # ruff: noqa: E501 - SQL test data reads best on one line
-"""Reference §4.2/§4.3, rule by rule: each statement is refused with its code, or accepted."""
+"""docs/gateway.md, "Dataset resolution" and "SQL rules", rule by rule: each statement is refused with its code, or accepted."""
 
 from __future__ import annotations
 
@@ -155,7 +155,7 @@ def test_one_dot_reference_resolves_to_the_one_id_ending_in_it() -> None:
 def test_ambiguous_dataset_reference_is_400_ambiguous_dataset(sql: str) -> None:
     with pytest.raises(ServiceError) as err:
         validate_query(sql, SUFFIXED)
-    # ARCHITECTURE error table: unknown / ambiguous dataset reference → 400
+    # docs/wire-contracts.md, "Errors": unknown / ambiguous dataset reference → 400
     assert (err.value.status_code, err.value.code) == (400, "ambiguous_dataset")
     assert "energy.meters" in err.value.detail.lower() and "full dataset id" in err.value.detail
 

@@ -1,7 +1,7 @@
 """The one-command local stack: infrastructure, development doubles and the four services, each a
 separate process on loopback, recorded in `.local/pids.json` so `down` leaves nothing running.
 
-Order (reference/local-infrastructure.md): Tansu → topics → PostgreSQL (+ databases, roles, demo
+Order (deploy/local/README.md): Tansu → topics → PostgreSQL (+ databases, roles, demo
 table) → Valkey → doubles (OIDC, ds connector, REC registry) → `.local/stack.env` → services
 (`signaling-migrate`, `signaling`, `filter-resolver`, `audit-relay`, `query-gateway`), each
 awaited on `/readyz`. Tansu is memory-only: if it dies, every topic, offset and group is gone, so
@@ -315,7 +315,7 @@ class Stack:
         env = {
             "KAFKA_BOOTSTRAP_SERVERS": urls["kafka"],
             # Tansu sleeps out each fetch's whole wait and costs CPU per fetch, so each consumer's
-            # wait is chosen for its job (deploy/local/README.md; issue 12): the
+            # wait is chosen for its job (docs/configuration.md, "Kafka"; issue 12): the
             # request/reply readers short while requests are in flight (the gateways pause
             # their reply partition when nothing is pending), the resolver long once idle (the
             # first request after a quiet spell waits up to that long), the relay long. The

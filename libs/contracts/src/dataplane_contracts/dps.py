@@ -29,7 +29,7 @@ PULL_PATH = "/dps/public"
 SIGNALING_PATH = "/dps/v1/dataflows"
 """The registered signalling endpoint is `{DPS_SIGNALING_URL}` + this."""
 
-# ---------------------------------------------------------------- flow states (DPS spec §1.5)
+# ---------------------------------------------------------------- flow states (docs/dps.md)
 
 
 class FlowState(StrEnum):

@@ -1,4 +1,4 @@
-"""The ds connector as the data plane sees it (reference §1.6–1.7; RF-01, RF-02, RF-10).
+"""The ds connector as the data plane sees it (docs/wire-contracts.md; RF-01, RF-02, RF-10).
 
 The envelope is read leniently: its fields are not narrowings. Each verdict's `row_filter` is
 kept raw and parsed strictly (`DataplaneRowFilter`) only for the datasets a query touches, so a

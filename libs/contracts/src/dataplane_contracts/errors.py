@@ -1,4 +1,4 @@
-"""The one error table (ARCHITECTURE.md, "Errors"): stable codes, their statuses, the body."""
+"""The one error table (docs/wire-contracts.md, "Errors"): stable codes, their statuses, the body."""
 
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ class DisclosureRecorded(Event):
     """gateway → audit-relay: one disclosed dataset. `authorized_subject_ids` is DIDs or null.
 
     `provider_participant` is null when the EDR token named no issuer: the default connector
-    serves it, exactly as the gateway resolved it (reference §1.3, rule 3)."""
+    serves it, exactly as the gateway resolved it (docs/gateway.md, connector rule 3)."""
 
     provider_participant: StrictStr | None
     consumer_id: StrictStr

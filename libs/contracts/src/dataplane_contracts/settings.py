@@ -1,4 +1,4 @@
-"""Settings every part agrees on (ARCHITECTURE.md, "Configuration"), as mixins a service's own
+"""Settings every part agrees on (docs/configuration.md), as mixins a service's own
 `BaseSettings` inherits. Names are the environment variables; secrets are `SecretStr`."""
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ class OidcSettings(BaseSettings):
 
 
 class ConnectorSettings(BaseSettings):
-    """Connector resolution (reference §1.3): one default, or a map provider → connector."""
+    """Connector resolution (docs/gateway.md): one default, or a map provider → connector."""
 
     model_config = BASE_CONFIG
     connector_internal_url: AnyHttpUrl | None = None
@@ -122,7 +122,7 @@ class ConnectorNotConfigured(LookupError):
 
 
 def connector_base(settings: ConnectorSettings, participant: str | None) -> str:
-    """The connector base URL for a provider participant (reference §1.3), trailing `/` stripped.
+    """The connector base URL for a provider participant (docs/gateway.md), trailing `/` stripped.
 
     Raises UnroutableProvider or ConnectorNotConfigured; never falls back to the default for a
     provider the map does not list."""

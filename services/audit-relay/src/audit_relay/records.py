@@ -1,6 +1,6 @@
 """From a Kafka record to what ds receives, or to a dead letter with its reason.
 
-Nothing here does I/O. The audit body is built from the event alone (reference §1.7, RF-10)."""
+Nothing here does I/O. The audit body is built from the event alone (docs/wire-contracts.md, RF-10)."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def _rejected(exc: ValidationError, data: Any, event_id: str | None) -> Rejected
 
 def audit_body(event: DisclosureRecorded) -> dict[str, Any]:
     """`POST /internal/audit/query` body: null subjects stay null, [] stays [], decision_ref only
-    when present; user_id and subject_id are always null (reference §1.7)."""
+    when present; user_id and subject_id are always null (docs/wire-contracts.md)."""
     return AuditQueryBody(
         dataset_id=event.dataset_id,
         consumer_id=event.consumer_id,

@@ -1,4 +1,4 @@
-"""Configuration of the audit-relay (ARCHITECTURE.md, "Configuration"), validated at start-up."""
+"""Configuration of the audit-relay (docs/configuration.md), validated at start-up."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class Settings(HttpSettings, KafkaSettings, OidcSettings, ConnectorSettings):
     audit_relay_backoff_max_s: float = Field(default=60.0, gt=0)
     # a Retry-After beyond this is treated as this (a broken header must not park a partition for days)
     audit_relay_retry_after_max_s: float = Field(default=300.0, gt=0)
-    # reference §1.4: every connector call has a 5 s timeout
+    # docs/wire-contracts.md: every connector call has a 5 s timeout
     audit_relay_http_timeout_s: float = Field(default=5.0, gt=0)
     audit_relay_session_timeout_ms: int = Field(default=10_000, ge=1_000)
     # how often the broker is probed and the per-partition lag gauge refreshed

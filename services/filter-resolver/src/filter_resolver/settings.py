@@ -1,6 +1,6 @@
 """The resolver's settings: the shared mixins of `dataplane_contracts.settings` plus its own.
 
-Names are the environment variables (ARCHITECTURE.md, "Configuration")."""
+Names are the environment variables (docs/configuration.md)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ class Settings(HttpSettings, KafkaSettings, RedisSettings, PlanCacheSettings, Oi
     # comma-separated module names (not JSON): each exposes ROW_FILTERS or register(registry)
     row_filters_modules: Annotated[tuple[str, ...], NoDecode] = ()
 
-    # a blip is retried, an outage is reported (prior-art/row-filters-two-phase.md)
+    # a blip is retried, an outage is reported (docs/row-filters.md, "Two phases")
     resolver_retry_attempts: int = Field(default=3, ge=1, le=10)
     resolver_retry_base_ms: int = Field(default=20, ge=0, le=10_000)
 

@@ -125,7 +125,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         async def db_ok() -> bool:
             return bool(await pool.fetchval("SELECT 1", timeout=settings.database_acquire_timeout_ms / 1000))
 
-        # docs/readiness.md: required = the replica can serve nothing useful without it; a
+        # docs/faults.md: required = the replica can serve nothing useful without it; a
         # capability's loss refuses only its requests (each with its code) and keeps the replica
         # in the Service. The datasets database serves every path; the broker every dataspace
         # request (no disclosure, no answer); Redis only lookup-filter misses, flows only pulls

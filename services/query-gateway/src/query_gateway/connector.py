@@ -1,6 +1,6 @@
-"""The ds connector as the gateway calls it (reference §1.2–1.6): the service's client-credentials
-token, connector resolution, the EDR key set per connector, and the one authorize call (its answer
-reused for the ttl ds gives it, query_gateway.decision_cache)."""
+"""The ds connector as the gateway calls it (docs/gateway.md, docs/wire-contracts.md): the service's
+client-credentials token, connector resolution, the EDR key set per connector, and the one authorize
+call (its answer reused for the ttl ds gives it, query_gateway.decision_cache)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def connector_http(settings: GatewaySettings) -> httpx.AsyncClient:
 
 
 def service_tokens(http: httpx.AsyncClient, settings: GatewaySettings) -> ClientCredentialsToken:
-    """This service's own bearer for ds (reference §1.4); no client configured → no bearer."""
+    """This service's own bearer for ds (docs/wire-contracts.md); no client configured → no bearer."""
     secret = settings.celine_oidc_client_secret
     return ClientCredentialsToken(
         http,
@@ -130,7 +130,7 @@ class ConnectorClient:
             return self._edr_keys[base]
 
     async def verify_edr(self, token: str | None) -> EdrIdentity:
-        """Reference §1.2: read `iss` unverified only to choose the connector; verify with every
+        """docs/gateway.md, "EDR token": read `iss` unverified only to choose the connector; verify with every
         key of that connector's set; the verified `aud` is the consumer."""
         if not token:
             raise ServiceError("invalid_token", "Dataspace mode requires the EDR token")

@@ -1,5 +1,5 @@
 """The ds decision cache: one replica's memory of ds's answers, reused for at most the
-`cache.ttl_seconds` ds put on each answer (reference §1.6).
+`cache.ttl_seconds` ds put on each answer (docs/wire-contracts.md).
 
 The key is the whole question — connector, consumer, agreement, transfer, purpose as sent, and the
 set of datasets — so an answer is only ever reused for the question it answered. An answer that

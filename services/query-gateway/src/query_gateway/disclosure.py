@@ -1,4 +1,4 @@
-"""Disclosure audit: nothing served without a record (ARCHITECTURE; RF-10). One
+"""Disclosure audit: nothing served without a record (RF-10). One
 `DisclosureRecorded` per disclosed dataset, keyed by provider participant, acknowledged by the
 broker (acks=all) within AUDIT_PUBLISH_TIMEOUT_MS; otherwise 503 audit_unavailable, no rows."""
 

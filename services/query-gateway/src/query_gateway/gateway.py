@@ -43,7 +43,7 @@ from query_gateway.sql.validate import analyse
 log = get_logger("query_gateway.query")
 
 # what PostgreSQL's bigint takes: LIMIT and OFFSET are bound as bigint, and a value outside it is
-# the caller's mistake (422 naming the field), not a failed query; inside it the clamping of §4.1
+# the caller's mistake (422 naming the field), not a failed query; inside it the clamping of QE-01
 # still applies (limit <= 0 -> the default, above the cap -> the cap, a negative offset -> 0)
 BigInt = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 
@@ -66,7 +66,7 @@ async def _off_loop_if_long(text: str, work: Callable[..., _T], *args: Any) -> _
 
 
 class QueryBody(BaseModel):
-    """`POST /query` (reference §4.1); the same body on `/dps/public/query` and `/query/plan`."""
+    """`POST /query` (QE-01); the same body on `/dps/public/query` and `/query/plan`."""
 
     model_config = ConfigDict(extra="ignore")
 

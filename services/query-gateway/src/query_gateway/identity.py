@@ -1,5 +1,5 @@
 """The normal path's caller: an OIDC bearer verified against the issuer's JWKS (cached, refetched
-on an unknown `kid`), normalised as reference §2.4 (ADR-0001, ADR-0002). A bearer that verified is
+on an unknown `kid`), normalised as docs/gateway.md, "Identity". A bearer that verified is
 memoised until its `exp` while its key stays in the set (query_gateway.verified)."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class Caller:
         return tuple(sorted({g for o in self.orgs for g in o.groups}))
 
     def reading_orgs(self) -> tuple[OrgMembership, ...]:
-        """Organizations in which the caller holds a reading group (ADR-0002), sorted by alias."""
+        """Organizations in which the caller holds a reading group (docs/gateway.md), sorted by alias."""
         return tuple(sorted((o for o in self.orgs if READING_GROUPS & set(o.groups)), key=lambda o: o.alias))
 
     def identity(self) -> CallerIdentity:
@@ -107,7 +107,7 @@ def _organizations(claim: object) -> tuple[OrgMembership, ...]:
 
 
 def normalise(claims: dict[str, Any], token: str) -> Caller:
-    """Reference §2.4: roles only from realm_access.roles; groups only inside organizations."""
+    """docs/gateway.md, "Identity": roles only from realm_access.roles; groups only inside organizations."""
     username = claims.get("preferred_username") or claims.get("email")
     realm = claims.get("realm_access")
     roles = frozenset(_str_list(realm.get("roles")) if isinstance(realm, dict) else [])

@@ -1,4 +1,4 @@
-"""The apply phase of the pure built-in handlers (ARCHITECTURE "Two phases"): pure functions of
+"""The apply phase of the pure built-in handlers (docs/row-filters.md, "Two phases"): pure functions of
 the filter and the caller, evaluated in-process so a consumer's keys never leave the gateway
 except as a bound SQL parameter. RF-04, RF-05, GS-06, GS-07, GS-10, GS-13."""
 

@@ -1,4 +1,4 @@
-"""The normal API path (ARCHITECTURE "Paths"): the caller's own OIDC bearer, access level and
+"""The normal API path (docs/gateway.md): the caller's own OIDC bearer, access level and
 policy, platform-admin, the two catalogue layers evaluated for the caller (self-service)."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ async def plan_normal(
     for entry in entries:
         ctx.current = entry.id
         if caller is not None and caller.platform_admin:
-            plans[entry.id] = []  # ADR-0001: the platform-admin realm role skips row filters
+            plans[entry.id] = []  # docs/gateway.md: the platform-admin realm role skips row filters
             continue
         layer_plans = []
         for layer in LAYERS:

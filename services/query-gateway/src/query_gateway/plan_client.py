@@ -1,4 +1,4 @@
-"""The gateway side of the filter-resolver protocol (ARCHITECTURE "Two phases of a row filter").
+"""The gateway side of the filter-resolver protocol (docs/row-filters.md, "Two phases").
 
 Tiers: an in-process LRU (at most ROW_FILTERS_CACHE_MAXSIZE plans, honouring the Redis TTL), then
 Redis, then a `PlanRequest` naming only the hashed cache key and a claim-check id; the inputs wait

@@ -1,4 +1,4 @@
-"""Access levels (reference §2.3) and the dataset policy (§2.5), with *row-scoped* meaning "the
+"""Access levels and the dataset policy (docs/gateway.md), with *row-scoped* meaning "the
 organization layer is not `allow_all`" (GS-07). Every refusal is raised, never returned."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def _has_scope(caller: Caller, *wanted: str) -> bool:
 
 
 def check_policy(entry: DatasetEntry, caller: Caller) -> None:
-    """§2.5 for `internal` and `restricted`; `open` has no policy. Raises 403 policy."""
+    """The policy for `internal` and `restricted`; `open` has no policy. Raises 403 policy."""
     level = entry.access_level
     if level == "open":
         return

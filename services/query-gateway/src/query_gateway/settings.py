@@ -1,4 +1,4 @@
-"""query-gateway configuration (ARCHITECTURE.md "Configuration"). A misconfigured gateway refuses
+"""query-gateway configuration (docs/configuration.md). A misconfigured gateway refuses
 to start naming the variable; it never starts degraded."""
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ def person_caller(handler: str, claim: ClaimCheck) -> CallerIdentity:
 
 
 def unique_in_order(values: list[Any]) -> list[Any]:
-    """Drop repeats but keep the upstream's order (reference §3.6: these lists are not sorted)."""
+    """Drop repeats but keep the upstream's order (docs/row-filters.md, "Handlers")."""
     seen: set[Any] = set()
     out: list[Any] = []
     for v in values:

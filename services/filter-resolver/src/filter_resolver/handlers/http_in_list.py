@@ -1,4 +1,4 @@
-"""`http_in_list`: the caller's own rows are named by an HTTP endpoint's list (reference §3.3).
+"""`http_in_list`: the caller's own rows are named by an HTTP endpoint's list (docs/row-filters.md).
 
 args: `column`, `url`; `method` (GET|POST), `headers`, `params`, `json`, `response_path` (`$`),
 `timeout_seconds` (5), `max_items` (2000), `empty_means_deny` (true), `forward_token` (false).
@@ -149,8 +149,8 @@ def _mapping(args: Mapping[str, Any], name: str) -> dict[str, Any]:
 
 
 def _headers(args: Mapping[str, Any], fill: _Filler) -> dict[str, str]:
-    """Header values are strings (a number is not silently turned into one: the reference formats
-    strings only), printable ASCII after the placeholders are filled — a line break would
+    """Header values are strings (a number is not silently turned into one: only string arguments
+    are formatted), printable ASCII after the placeholders are filled — a line break would
     inject a header, a non-ASCII value has no encoding httpx will send."""
     out: dict[str, str] = {}
     for key, raw in _mapping(args, "headers").items():

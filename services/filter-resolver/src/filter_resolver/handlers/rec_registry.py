@@ -26,7 +26,7 @@ NAME = "rec_registry"
 NOT_A_MEMBER_CODE = "not_a_member"
 NOT_A_MEMBER_DETAIL = "You are not a member of any community"
 LOOKUP_PATH = "/admin/lookup/assets-by-user-ids"
-MAX_LOOKUP_IDS = 500  # the registry refuses larger batches (reference §3.7)
+MAX_LOOKUP_IDS = 500  # the registry refuses larger batches (docs/wire-contracts.md)
 
 log = get_logger(__name__)
 

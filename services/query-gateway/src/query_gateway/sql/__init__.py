@@ -1,5 +1,5 @@
-"""Governed SQL: validation (reference §4.3), narrowing (ARCHITECTURE "How a statement is
-narrowed"), verification and read-only execution (§4.4, §4.5)."""
+"""Governed SQL: validation (docs/gateway.md, "SQL rules"), narrowing (docs/row-filters.md), verification
+and read-only execution (QE-04, docs/gateway.md, "Limits and execution")."""
 
 from query_gateway.sql.columns import load_column_types
 from query_gateway.sql.execute import QueryExecutor

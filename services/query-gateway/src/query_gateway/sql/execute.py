@@ -1,4 +1,4 @@
-"""Read-only execution with pagination (QE-04), limits and error mapping (reference §4.5)."""
+"""Read-only execution with pagination (QE-04), limits and error mapping (docs/gateway.md)."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def check_text(sql: str) -> None:
 
 
 def clamp_page(offset: int, limit: int, max_limit: int = MAX_LIMIT) -> tuple[int, int]:
-    """§4.1: limit ≤ 0 → the default, above the cap → the cap; a negative offset → 0."""
+    """QE-01: limit ≤ 0 → the default, above the cap → the cap; a negative offset → 0."""
     applied = DEFAULT_LIMIT if limit <= 0 else min(limit, max_limit)
     return max(0, offset), min(applied, max_limit)
 

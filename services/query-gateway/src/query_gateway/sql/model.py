@@ -1,4 +1,4 @@
-"""The shapes the SQL layer hands to the rest of the gateway (GATEWAY_INTERFACE.md)."""
+"""The shapes the SQL layer hands to the rest of the gateway (docs/gateway.md)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 # physical table (as written in the catalogue) -> column -> PostgreSQL type name
 ColumnTypes = Mapping[str, Mapping[str, str]]
 
-MAX_LIMIT = 10_000  # reference §4.5: not configurable
+MAX_LIMIT = 10_000  # QE-01: not configurable
 DEFAULT_LIMIT = 100
 
 

@@ -1,4 +1,4 @@
-"""Narrowing every real table reference to its permitted rows (ARCHITECTURE "How a statement is
+"""Narrowing every real table reference to its permitted rows (docs/row-filters.md, "How a statement is
 narrowed"), then proving it on a fresh parse of the result (verify.py) before anything runs."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The SQL rules of reference §4.3: allowed constructs and the function allowlist."""
+"""The SQL rules (docs/gateway.md, "SQL rules"): allowed constructs and the function allowlist."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from sqlglot import exp
 
 MAX_DEPTH = 200
 
-# whole names, case-insensitive (reference §4.3); IFNULL parses to COALESCE
+# whole names, case-insensitive; IFNULL parses to COALESCE
 FUNCTION_ALLOWLIST = frozenset(
     {
         "st_intersects",
@@ -64,7 +64,7 @@ _CLASS_ALIASES: tuple[type[exp.Expr], ...] = (
     exp.LogicalAnd,  # bool_and
 )
 
-# structural nodes and the operators/aggregates the reference lists by node type
+# structural nodes and the operators/aggregates allowed by node type (docs/gateway.md, "SQL rules")
 ALLOWED_NODES: tuple[type[exp.Expr], ...] = (
     exp.Select,
     exp.From,

@@ -1,4 +1,4 @@
-"""Statement validation (reference §4.3) and dataset resolution (§4.2), cached by text."""
+"""Statement validation and dataset resolution (docs/gateway.md), cached by text."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ _cache_lock = threading.Lock()  # the app may validate from a worker thread
 
 
 def validate_query(sql: str, catalogue: Catalogue) -> ValidatedQuery:
-    """Reference §4.2/§4.3; raises ServiceError sql_refused / unknown_dataset / ambiguous_dataset."""
+    """docs/gateway.md, "SQL rules"; raises ServiceError sql_refused / unknown_dataset / ambiguous_dataset."""
     return analyse(sql, catalogue).validated
 
 
@@ -229,8 +229,9 @@ def _resolve_all(root: exp.Select, catalogue: Catalogue) -> tuple[str, ...]:
 
 
 def resolve_reference(folded: str, raw: str, catalogue: Catalogue) -> str | None:
-    """§4.2: the exact id (as PostgreSQL folds it, or as written); else, for a reference with
-    exactly one dot, the one id ending in `.<ref>`. More than one candidate is ambiguous."""
+    """docs/gateway.md, "Dataset resolution": the exact id (as PostgreSQL folds it, or as written);
+    else, for a reference with exactly one dot, the one id ending in `.<ref>`. More than one
+    candidate is ambiguous."""
     ids = [d.id for d in catalogue.datasets]
     exact = sorted({i for i in ids if i in (folded, raw)})
     if not exact and raw.count(".") == 1:
