@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 import re
 import time
@@ -139,9 +140,17 @@ class Harness:
             await asyncio.sleep(0.2)
         return math.nan
 
-    def counter(self, url: str) -> Counter:
+    def counter(self, url: str, *more: str) -> Counter:
         """The answering server's own count of requests answered: the gateway's
-        `query_gateway_requests_total`, a ceiling's `GET /_count`."""
+        `query_gateway_requests_total`, a ceiling's `GET /_count`; with `more` servers (replicas
+        sharing the load), the sum of their counts."""
+        if more:
+            counts = [self.counter(u) for u in (url, *more)]
+
+            async def summed() -> float:
+                return sum(await asyncio.gather(*(c() for c in counts)))
+
+            return summed
         base = next((u for u in self.ceiling_pids if url.startswith(u + "/")), None)
         if base is not None:
 
@@ -161,8 +170,8 @@ class Harness:
         published one disclosure; the relay is awaited until it delivered them all, so the next
         run does not share the machine with this one's backlog."""
         pid = self._ceiling_of(target)
-        count = target.count or self.counter(target.url)
-        target = Target(target.label, target.url, target.body, target.headers, count)
+        count = target.count or self.counter(*target.urls)
+        target = dataclasses.replace(target, count=count)
         if pid is not None:
             self.procs.add(CEILING, pid)
         try:

@@ -15,6 +15,7 @@ next run starts."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import math
 import os
@@ -49,6 +50,13 @@ class Target:
     body: bytes
     headers: dict[str, str]
     count: Counter | None = None
+    # more servers answering the same request (other replicas): the connections are spread evenly
+    # over `url` and these, one load-generator process per server, as a Service spreads them
+    also: tuple[str, ...] = ()
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        return (self.url, *self.also)
 
 
 @dataclass
@@ -189,7 +197,27 @@ class LoadGenerator:
             run.note = "the server was still answering 60s after the run"
         return run
 
+    def _wrk_command(self, url: str, threads: int, connections: int, duration: int) -> list[str]:
+        assert self.wrk is not None
+        return [
+            self.wrk,
+            "-t",
+            str(threads),
+            "-c",
+            str(connections),
+            "-d",
+            f"{duration}s",
+            "--timeout",
+            "10s",
+            "-s",
+            str(LUA),
+            url,
+        ]
+
     async def _wrk(self, target: Target, concurrency: int, seconds: float, margin: float) -> Run:
+        """One wrk process per server of the target (one, unless `also` names replicas), the
+        connections spread evenly; their CPU is the load generator's, their answers summed, the
+        percentiles the worst process's (wrk's histograms cannot be merged from its output)."""
         assert self.wrk is not None and target.count is not None
         body, headers = self._request_files(target)
         env = {
@@ -199,55 +227,60 @@ class LoadGenerator:
             "WRK_HEADERS_FILE": str(headers),
         }
         duration = math.ceil(seconds + 2 * margin)
-        cmd = [
-            self.wrk,
-            "-t",
-            str(self.threads(concurrency)),
-            "-c",
-            str(concurrency),
-            "-d",
-            f"{duration}s",
-            "--timeout",
-            "10s",
-            "-s",
-            str(LUA),
-            target.url,
-        ]
-        proc = await asyncio.create_subprocess_exec(
-            *cmd, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-        )
-        self.procs.add(LOADGEN, proc.pid)
-        window = Window(self.procs, target.count, None)
+        urls = target.urls
+        share = max(1, concurrency // len(urls))
+        threads = self.threads(concurrency) if len(urls) == 1 else 1
+        procs = []
+        names = [LOADGEN if i == 0 else f"{LOADGEN} {i + 1}" for i in range(len(urls))]
         try:
-            _, (out, err) = await asyncio.wait_for(
-                asyncio.gather(window.measure(margin, seconds), proc.communicate()), duration + 60
+            for name, url in zip(names, urls, strict=True):
+                proc = await asyncio.create_subprocess_exec(
+                    *self._wrk_command(url, threads, share, duration),
+                    env=env,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                )
+                procs.append(proc)
+                self.procs.add(name, proc.pid)
+            window = Window(self.procs, target.count, None)
+            measured = await asyncio.wait_for(
+                asyncio.gather(window.measure(margin, seconds), *(p.communicate() for p in procs)),
+                duration + 60,
             )
         except BaseException:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
+            for proc in procs:
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
             raise
         finally:
-            self.procs.remove(LOADGEN)
-        line = next((x for x in out.decode(errors="replace").splitlines() if x.startswith("WRK_JSON ")), None)
-        if proc.returncode != 0 or line is None:
-            raise RuntimeError(
-                f"wrk failed (rc {proc.returncode}) on {target.url}: {err.decode(errors='replace')[-500:]}"
-                f" {out.decode(errors='replace')[-500:]}"
-            )
-        r: dict[str, Any] = json.loads(line.removeprefix("WRK_JSON "))
-        errors = r["connect_errors"] + r["read_errors"] + r["write_errors"] + r["timeouts"]
+            for name in names:
+                self.procs.remove(name)
+        results: list[dict[str, Any]] = []
+        for proc, url, (out, err) in zip(procs, urls, measured[1:], strict=True):
+            text = out.decode(errors="replace")
+            line = next((x for x in text.splitlines() if x.startswith("WRK_JSON ")), None)
+            if proc.returncode != 0 or line is None:
+                raise RuntimeError(
+                    f"wrk failed (rc {proc.returncode}) on {url}: {err.decode(errors='replace')[-500:]}"
+                    f" {text[-500:]}"
+                )
+            results.append(json.loads(line.removeprefix("WRK_JSON ")))
+        cpu = dict(window.cpu)
+        for name in names[1:]:
+            cpu[LOADGEN] = cpu.get(LOADGEN, 0.0) + cpu.pop(name, 0.0)
+        fields = ("connect_errors", "read_errors", "write_errors", "timeouts")
         return Run(
             target.label,
             requests=window.requests,
             seconds=window.seconds,
-            p50=r["p50_us"] / 1e6,
-            p99=r["p99_us"] / 1e6,
-            non2xx=int(r["non2xx"]),
-            socket_errors=int(errors),
-            answers=int(r["requests"]),
-            first_bad=r["first_bad"],
-            cpu=window.cpu,
+            p50=max(r["p50_us"] for r in results) / 1e6,
+            p99=max(r["p99_us"] for r in results) / 1e6,
+            non2xx=sum(int(r["non2xx"]) for r in results),
+            socket_errors=sum(int(r[f]) for r in results for f in fields),
+            answers=sum(int(r["requests"]) for r in results),
+            first_bad=next((r["first_bad"] for r in results if r["first_bad"]), ""),
+            cpu=cpu,
         )
 
     async def _python(self, target: Target, concurrency: int, seconds: float, margin: float) -> Run:
@@ -258,13 +291,14 @@ class LoadGenerator:
         socket_errors = 0
         first_bad = ""
         deadline = time.perf_counter() + seconds + 2 * margin
+        urls = itertools.cycle(target.urls)
 
         async def worker() -> None:
             nonlocal bad, socket_errors, first_bad
             while time.perf_counter() < deadline:
                 t0 = time.perf_counter()
                 try:
-                    r = await self.http.post(target.url, content=target.body, headers=headers)
+                    r = await self.http.post(next(urls), content=target.body, headers=headers)
                 except httpx.HTTPError as exc:
                     socket_errors += 1
                     first_bad = first_bad or f"{type(exc).__name__}: {exc}"

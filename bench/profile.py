@@ -75,10 +75,16 @@ sys.meta_path.insert(0, _Absent)
 """
 
 
+# what a baseline revision brings of its own: a change in the service kit (the HTTP server's
+# protocol, logging, spans) is measured as well as one in the gateway
+_OURS = ("services/query-gateway/src", "libs/service-kit/src", "libs/contracts/src")
+
+
 class Baseline:
     """The gateway of another revision, one more process over the same stack (same settings,
-    its own port): `git archive REV services/query-gateway/src` first on PYTHONPATH, and the
-    modules that revision did not depend on made unimportable (a sitecustomize)."""
+    its own port): that revision's gateway, service kit and contracts (`git archive REV`) first
+    on PYTHONPATH, and the modules that revision did not depend on made unimportable (a
+    sitecustomize)."""
 
     def __init__(self, root: Path, rev: str, block: list[str]) -> None:
         self.root, self.rev, self.block = root, rev, block
@@ -90,7 +96,7 @@ class Baseline:
         src.mkdir(parents=True, exist_ok=True)
         archive = await asyncio.to_thread(
             subprocess.run,
-            ["git", "archive", self.rev, "services/query-gateway/src"],
+            ["git", "archive", self.rev, *_OURS],
             cwd=HERE.parent,
             capture_output=True,
             check=True,
@@ -106,7 +112,7 @@ class Baseline:
         env = {
             **bench.stack.service_envs["query-gateway"],
             "HTTP_PORT": str(port),
-            "PYTHONPATH": f"{src / 'services/query-gateway/src'}{os.pathsep}{site}",
+            "PYTHONPATH": os.pathsep.join([*(str(src / p) for p in _OURS), str(site)]),
         }
         log = await asyncio.to_thread((self.root / "baseline.log").open, "ab")
         self.proc = await asyncio.to_thread(
