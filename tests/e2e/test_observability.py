@@ -26,7 +26,7 @@ SCOPES = {
     # the query routes' server span comes from the plain door (`dataplane.server`), not the instrumentor
     "query-gateway": {"dataplane.server", "httpx", "asyncpg", "redis", "aiokafka"},
     "filter-resolver": {"aiokafka", "redis", "httpx"},
-    "audit-relay": {"aiokafka", "aiohttp"},  # its posts to ds go over aiohttp
+    "audit-relay": {"aiokafka", "audit_relay"},  # its own client span of each post to ds
 }
 
 pytestmark = pytest.mark.e2e

@@ -348,7 +348,7 @@ class Stack:
             "DPS_DATAPLANE_ID": "dataplane-local",
             "DPS_SIGNALING_URL": f"http://127.0.0.1:{ports['signaling']}",
             "DPS_PUBLIC_URL": f"http://127.0.0.1:{ports['query-gateway']}",
-            "DPS_TRANSFER_TYPES": '["HttpData-PULL"]',
+            "DPS_TRANSFER_TYPES": '["HttpData-PULL", "http-pull"]',
             "DPS_LABELS": "[]",
             "DPS_CONTROL_PLANE_CLIENTS": json.dumps([CONTROL_PLANE_CLIENT[0]]),
             "DPS_TOKEN_SIGNING_KEY": signing,
