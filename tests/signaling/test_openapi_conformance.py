@@ -41,6 +41,7 @@ def test_openapi_documents_every_route_and_docs_are_served(served: RunningServer
         ("GET", "/readyz"),
         ("GET", "/metrics"),
         ("GET", "/dps/registration"),
+        ("POST", "/dps/token"),
         ("PUT", "/dps/v1/controlplanes"),
         ("DELETE", "/dps/v1/controlplanes/{controlplane_id}"),
         ("POST", "/dps/v1/dataflows/prepare"),

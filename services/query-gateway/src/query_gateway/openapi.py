@@ -4,7 +4,7 @@ document is built; the routes answer as they did (`routes.py`), none of this run
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -30,6 +30,25 @@ class PlanParameter(BaseModel):
     label: str = Field(description="what the bound value is; never the value")
 
 
+class ExposedColumn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    mask: Literal["null", "hash"] | None = Field(
+        default=None,
+        description="absent: the value as stored; `null`: reads as NULL; `hash`: a keyed pseudonym",
+    )
+
+
+class DatasetExposure(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    declared: bool = Field(
+        description="the catalogue names the columns (a `columns:` list); else every column"
+    )
+    columns: list[ExposedColumn]
+
+
 class QueryPlan(BaseModel):
     """`POST /query/plan`: the statement as it would run, its parameters labelled."""
 
@@ -38,6 +57,9 @@ class QueryPlan(BaseModel):
     sql: str
     params: list[PlanParameter]
     denied: bool = Field(description="some row filter admits no row: the statement selects none")
+    exposure: dict[str, DatasetExposure] = Field(
+        description="per touched dataset, the columns a statement can reach and their masks"
+    )
 
 
 REQUEST_ID = {
@@ -88,7 +110,14 @@ PULL_AUTHORIZATION = "`Bearer <pull token>`: the token of the data address signa
 
 # refusals every query route shares: the body, the statement, the row filters
 _BODY = ("invalid_body", "body_too_large", "invalid_request")
-_STATEMENT = ("sql_refused", "unknown_dataset", "ambiguous_dataset", "sql_too_long", "invalid_text")
+_STATEMENT = (
+    "sql_refused",
+    "unknown_dataset",
+    "ambiguous_dataset",
+    "sql_too_long",
+    "invalid_text",
+    "column_not_exposed",
+)
 _FILTERS = ("row_filter_invalid", "row_filter_unenforceable", "row_filter_unavailable", "row_policy_denied")
 _EXECUTION = ("query_timeout", "query_failed", "database_unavailable")
 _NORMAL = ("invalid_token", "auth_required", "policy", "not_available")
@@ -131,6 +160,7 @@ PULL_RESPONSES = {
         *_FILTERS,
         *_EXECUTION,
         "pull_token",
+        "pull_token_expired",
         "flow_not_started",
         "agreement_mismatch",
         "provider_not_served",

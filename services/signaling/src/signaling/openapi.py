@@ -68,3 +68,55 @@ STARTED = (*_BY_ID, "invalid_message", "flow_not_found", "invalid_transition", "
 TRANSITION = (*_BY_ID, "invalid_message", "flow_not_found", "invalid_transition")
 COMPLETED = (*_BY_ID, "flow_not_found", "invalid_transition")
 STATUS = (*_BY_ID, "flow_not_found")
+
+# the consumer's renewal of an http-pull token: a form, authenticated by the client's own JWT
+TOKEN = (
+    "unsupported_grant_type",
+    "invalid_refresh_request",
+    "refresh_token_invalid",
+    "client_auth_required",
+    "client_jwt_invalid",
+    "client_did_unresolvable",
+    "client_not_counter_party",
+    "client_audience",
+    "client_jwt_replayed",
+    "database_unavailable",
+)
+
+
+class RenewedTokensBody(BaseModel):
+    """RFC 6749 section 5.1's answer: a new access token and a new refresh token."""
+
+    access_token: str
+    token_type: str
+    expires_in: int
+    refresh_token: str
+
+
+def token_route() -> dict[str, Any]:
+    """The renewal route's documentation arguments (docs/dps.md, the http-pull profile)."""
+    form = {
+        "type": "object",
+        "required": ["grant_type", "refresh_token"],
+        "properties": {
+            "grant_type": {"type": "string", "enum": ["refresh_token"]},
+            "refresh_token": {"type": "string"},
+        },
+    }
+    return {
+        "summary": "Renew an http-pull access token (refresh_token grant)",
+        "description": "Authenticated by `Authorization: Bearer <client JWT>`: signed by the consumer's "
+        "did:web key, iss = sub = its DID, aud = the provider, a `token` claim holding the current "
+        "access token. Answered with `Cache-Control: no-store`.",
+        "response_model": RenewedTokensBody,
+        "responses": {
+            200: {"description": "a new token pair"},
+            **error_responses(*TOKEN, headers={401: BEARER_CHALLENGE}),
+        },
+        "openapi_extra": {
+            "requestBody": {
+                "required": True,
+                "content": {"application/x-www-form-urlencoded": {"schema": form}},
+            }
+        },
+    }

@@ -41,7 +41,7 @@ class RenewedTokens:
     expires_in: int
 
     def wire(self) -> dict[str, Any]:
-        """RFC 6749 §5.1."""
+        """RFC 6749 section 5.1."""
         return {
             "access_token": self.access_token,
             "token_type": "Bearer",

@@ -264,9 +264,9 @@ _FORM = "application/x-www-form-urlencoded"
 MAX_FORM_BYTES = 16 * 1024
 
 
-@token_router.post(REFRESH_PATH)
+@token_router.post(REFRESH_PATH, **api.token_route())
 async def renew_token(request: Request, dps: DpsDep) -> JSONResponse:
-    """RFC 6749 §6 (refresh_token grant) answered per §5.1, never cached."""
+    """RFC 6749 section 6 (refresh_token grant) answered per its section 5.1, never cached."""
     if request.headers.get("content-type", "").split(";")[0].strip().lower() != _FORM:
         raise ServiceError("invalid_refresh_request", "the renewal must be an url-encoded form")
     raw = await request.body()
