@@ -3,7 +3,7 @@
     python bench/ceiling.py --spec SPEC.json --port PORT [--full-work]   (CEILING_FULL_WORK=1 too)
 
 A plain ASGI callable (no framework, no middleware) served like the gateway (`uvicorn.run` with the
-same arguments as `dataplane_service_kit.serve`: uvloop, httptools with one write per answer, no access
+same arguments as `dataplane_service_kit.serve`: uvloop and httptools when installed, no access
 log). Every POST, whatever its path, runs one statement — the narrowed page statement the gateway
 runs for the benchmarked request, built by the bench with the gateway's own `query_gateway.sql` —
 through an asyncpg pool of 10 (the gateway's size) and answers the gateway's JSON shape
@@ -177,9 +177,10 @@ async def _answer(send: Send, status: int, payload: bytes) -> None:
 
 
 def server_stack() -> str:
-    """What uvicorn's `auto` loop picks here, and the services' protocol, as for the gateway."""
+    """What uvicorn's `auto` picks here, as for the gateway."""
     loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
-    return f"uvicorn ({loop}, httptools, one write per answer)"
+    http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    return f"uvicorn ({loop}, {http})"
 
 
 def main() -> int:
@@ -198,20 +199,10 @@ def main() -> int:
     args = parser.parse_args()
     import uvicorn
 
-    from dataplane_service_kit.coalesce import CoalescingHttpToolsProtocol
-
     app = Ceiling(json.loads(args.spec.read_text()), args.full_work)
     print(f"ceiling on {args.host}:{args.port}, full work: {args.full_work}, {server_stack()}", flush=True)
     # the arguments dataplane_service_kit.serve gives uvicorn for every service
-    uvicorn.run(
-        app,
-        host=args.host,
-        port=args.port,
-        log_config=None,
-        access_log=False,
-        lifespan="on",
-        http=CoalescingHttpToolsProtocol,
-    )
+    uvicorn.run(app, host=args.host, port=args.port, log_config=None, access_log=False, lifespan="on")
     return 0
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import uvicorn
 from fastapi import FastAPI
 
-from dataplane_service_kit.coalesce import CoalescingHttpToolsProtocol
 from dataplane_service_kit.telemetry import instrument_app
 
 # How long the server keeps an idle keep-alive connection open (HTTP_KEEP_ALIVE_TIMEOUT_SECONDS).
@@ -24,7 +23,6 @@ def serve(app: FastAPI, host: str, port: int, *, keep_alive_s: float = DEFAULT_K
         log_config=None,
         access_log=False,
         lifespan="on",
-        http=CoalescingHttpToolsProtocol,  # a response's head and body in one socket write
         # uvicorn takes whole seconds; never round a fractional setting down to "close at once"
         timeout_keep_alive=max(1, round(keep_alive_s)),
     )
