@@ -35,22 +35,30 @@ class Observed:
     group: str
 
 
+async def _own_relay(
+    harness: h.Harness, name: str, ds_url: str, **overrides: str
+) -> tuple[str, str, str, dict[str, str]]:
+    """Topics and a consumer group of one relay's own, and its environment: (suffix, topic,
+    group, env)."""
+    suffix = uuid.uuid4().hex[:8]
+    topic, dlq_topic = f"test.audit.{name}.{suffix}", f"test.audit.{name}.{suffix}.dlq"
+    await h.make_topics(harness.bootstrap, topic, dlq_topic)
+    group = f"relay-{name}-{suffix}"
+    env = h.relay_env(
+        harness.bootstrap, topic, dlq_topic, group, harness.issuer, {h.PROVIDER_A: ds_url}, **overrides
+    )
+    return suffix, topic, group, env
+
+
 @pytest.fixture(scope="module")
 async def observed(harness: h.Harness) -> AsyncIterator[Observed]:
     """A relay of its own with small bounds, in front of the observing double."""
     ds = h.ObservingDs()
     server = serve_in_thread(ds.app())
-    suffix = uuid.uuid4().hex[:8]
-    topic, dlq_topic = f"test.audit.pipe.{suffix}", f"test.audit.pipe.{suffix}.dlq"
-    await h.make_topics(harness.bootstrap, topic, dlq_topic)
-    group = f"relay-pipe-{suffix}"
-    env = h.relay_env(
-        harness.bootstrap,
-        topic,
-        dlq_topic,
-        group,
-        harness.issuer,
-        {h.PROVIDER_A: server.url},
+    _, topic, group, env = await _own_relay(
+        harness,
+        "pipe",
+        server.url,
         AUDIT_RELAY_MAX_IN_FLIGHT_PER_PARTITION=str(PER_PARTITION),
         AUDIT_RELAY_MAX_IN_FLIGHT_PER_CONNECTOR=str(PER_CONNECTOR),
         AUDIT_RELAY_MAX_BUFFERED_PER_PARTITION=str(BUFFERED),
@@ -195,13 +203,7 @@ async def test_rf10_commit_stops_before_a_failing_event_and_a_restart_sends_it_a
     stops right before it, and a relay started after a crash delivers it and sends again only
     what the commit did not cover (each time with the same Idempotency-Key)."""
     ds = observed.ds
-    suffix = uuid.uuid4().hex[:8]
-    topic, dlq_topic = f"test.audit.commit.{suffix}", f"test.audit.commit.{suffix}.dlq"
-    await h.make_topics(harness.bootstrap, topic, dlq_topic)
-    group = f"relay-commit-{suffix}"
-    env = h.relay_env(
-        harness.bootstrap, topic, dlq_topic, group, harness.issuer, {h.PROVIDER_A: observed.server.url}
-    )
+    suffix, topic, group, env = await _own_relay(harness, "commit", observed.server.url)
     assert h.window_of(env) > 20  # the default window: all 20 go out at once
     log = Path(tempfile.mkdtemp(prefix="audit-relay-commit-")) / "relay.log"
     events = await _publish(harness, topic, 0, 20, f"commit-{suffix}")
@@ -255,17 +257,10 @@ async def test_rf10_commit_stops_before_an_event_ds_holds_and_a_restart_delivers
     before the held event; the relay is killed with that post still in flight; a relay started
     again delivers it (with its own Idempotency-Key) and commits to the end."""
     ds = observed.ds
-    suffix = uuid.uuid4().hex[:8]
-    topic, dlq_topic = f"test.audit.held.{suffix}", f"test.audit.held.{suffix}.dlq"
-    await h.make_topics(harness.bootstrap, topic, dlq_topic)
-    group = f"relay-held-{suffix}"
-    env = h.relay_env(
-        harness.bootstrap,
-        topic,
-        dlq_topic,
-        group,
-        harness.issuer,
-        {h.PROVIDER_A: observed.server.url},
+    suffix, topic, group, env = await _own_relay(
+        harness,
+        "held",
+        observed.server.url,
         # the held post stays in flight until the kill: no timeout and retry in between
         AUDIT_RELAY_HTTP_TIMEOUT_S="600",
     )

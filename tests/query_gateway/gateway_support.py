@@ -112,6 +112,25 @@ PUBLIC_PEM = (
 )
 
 
+async def started_grant(flows_url: str, dataset: str = "stats") -> str:
+    """A STARTED flow's pull grant of the agreement between PROVIDER and CONSUMER; its token id."""
+    jti = str(uuid.uuid4())
+    conn = await asyncpg.connect(flows_url)
+    try:
+        await conn.execute(
+            "INSERT INTO dps_pull_grants VALUES ($1, $2, 'STARTED', $3, $4, $5, $6)",
+            jti,
+            f"flow-{jti[:8]}",
+            AGREEMENT,
+            dataset,
+            PROVIDER,
+            CONSUMER,
+        )
+    finally:
+        await conn.close()
+    return jti
+
+
 def pull_token(jti: str, aud: str = CONSUMER, iss: str = PROVIDER, key: Any = KEY) -> str:
     claims = {"jti": jti, "iss": iss, "sub": iss, "aud": aud, "iat": int(time.time())}
     return jwt.encode(claims, key, algorithm="ES256")

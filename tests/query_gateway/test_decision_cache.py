@@ -30,6 +30,7 @@ from gateway_support import (
     metric,
     running_gateway,
     scrape,
+    started_grant,
 )
 from prometheus_client import REGISTRY
 from pydantic import ValidationError
@@ -450,21 +451,6 @@ def pull_token(jti: str) -> str:
     return jwt.encode(claims, KEY, algorithm="ES256")
 
 
-async def grant(flows_url: str) -> str:
-    jti = str(uuid.uuid4())
-    conn = await asyncpg.connect(flows_url)
-    await conn.execute(
-        "INSERT INTO dps_pull_grants VALUES ($1, $2, 'STARTED', $3, 'stats', $4, $5)",
-        jti,
-        f"flow-{jti[:8]}",
-        AGREEMENT,
-        PROVIDER,
-        CONSUMER,
-    )
-    await conn.close()
-    return jti
-
-
 async def set_state(flows_url: str, jti: str, state: str | None) -> None:
     conn = await asyncpg.connect(flows_url)
     if state is None:
@@ -486,7 +472,7 @@ async def test_ds_decision_cache_the_pull_grant_is_still_read_on_every_request(
     gateway: httpx.AsyncClient, flows_url: str, ds: DsConnectorDouble, tp: str
 ) -> None:
     ds.set_policy(cached_policy(60))
-    jti = await grant(flows_url)
+    jti = await started_grant(flows_url)
     assert ok(await pull(gateway, jti, tp)) == [{"id": 1}, {"id": 2}]
     assert ok(await pull(gateway, jti, tp)) == [{"id": 1}, {"id": 2}]
     assert len(ds.calls("authorize")) == 1  # the decision is cached ...
@@ -498,5 +484,5 @@ async def test_ds_decision_cache_the_pull_grant_is_still_read_on_every_request(
     await set_state(flows_url, jti, None)
     refused(await pull(gateway, jti, tp), 401, "pull_token")
     # another live flow asking the same question is served with the cached decision
-    assert ok(await pull(gateway, await grant(flows_url), tp)) == [{"id": 1}, {"id": 2}]
+    assert ok(await pull(gateway, await started_grant(flows_url), tp)) == [{"id": 1}, {"id": 2}]
     assert len(ds.calls("authorize")) == 1

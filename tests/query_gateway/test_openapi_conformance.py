@@ -6,14 +6,19 @@ no answer outside what the document says."""
 from __future__ import annotations
 
 import importlib.util
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import asyncpg
 import httpx
 import pytest
-from gateway_support import AGREEMENT, CONSUMER, PROVIDER, PUBLIC_PEM, World, ds_policy, pull_token
+from gateway_support import (
+    AGREEMENT,
+    PUBLIC_PEM,
+    World,
+    ds_policy,
+    pull_token,
+    started_grant,
+)
 
 from dataplane_local.doubles.ds_connector import DsConnectorDouble
 from dataplane_local.doubles.server import RunningServer, serve_in_thread
@@ -68,17 +73,7 @@ async def test_schemathesis_finds_no_5xx_and_no_undocumented_answer(
     served: RunningServer, world: World, ds: DsConnectorDouble, flows_url: str
 ) -> None:
     ds.set_policy(ds_policy([{"dataset_id": "stats", "row_filter": None}]))
-    jti = str(uuid.uuid4())
-    conn = await asyncpg.connect(flows_url)
-    await conn.execute(
-        "INSERT INTO dps_pull_grants VALUES ($1, $2, 'STARTED', $3, 'stats', $4, $5)",
-        jti,
-        f"flow-{jti[:8]}",
-        AGREEMENT,
-        PROVIDER,
-        CONSUMER,
-    )
-    await conn.close()
+    jti = await started_grant(flows_url)
     schema = conformance.load(served.url)
     ops = conformance.operations(schema)
     stats = {"sql": "SELECT id, label FROM stats ORDER BY id"}
