@@ -100,19 +100,26 @@ def _ensure_pg_user() -> None:
         subprocess.run(["useradd", "-M", "-s", "/bin/bash", PG_USER], check=True)
 
 
+def _traversable(path: Path) -> None:
+    """Every directory from `path` up to `/` gets its traverse bits (nothing readable is added)."""
+    for p in [path, *path.parents]:
+        if p == Path("/"):
+            break
+        os.chmod(p, os.stat(p).st_mode | 0o711)  # noqa: S103 - traverse bits only
+
+
 def start_postgres(workdir: Path, port: int | None = None) -> ServerProcess:
     """initdb (once) and start PostgreSQL listening on 127.0.0.1:port with trust auth."""
     port = port or free_port()
     data = workdir / "pgdata"
     _ensure_pg_user()
     workdir.mkdir(parents=True, exist_ok=True)
-    if os.geteuid() == 0:
-        # the server runs as PG_USER and must be able to reach its data directory
-        for p in [workdir, *workdir.parents]:
-            if p == Path("/"):
-                break
-            os.chmod(p, os.stat(p).st_mode | 0o711)  # noqa: S103 - traverse bits only
     bindir = _pg_bin()
+    if os.geteuid() == 0:
+        # the server runs as PG_USER and must reach its data directory and its own binaries (a
+        # checkout under a private directory, as `mktemp -d` makes, hides the venv's from it)
+        for where in (workdir, bindir):
+            _traversable(where)
     if not (data / "PG_VERSION").exists():
         data.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
