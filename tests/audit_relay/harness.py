@@ -25,7 +25,6 @@ from fastapi import FastAPI, Request, Response
 from prometheus_client.parser import text_string_to_metric_families
 
 from dataplane_contracts.topics import TopicSpec
-from dataplane_contracts.topics_cli import create_topics
 from dataplane_local.doubles._common import Call
 from dataplane_local.doubles.ds_connector import DsConnectorDouble, create_app
 from dataplane_local.doubles.oidc import JWKS_PATH, OidcIssuer
@@ -33,6 +32,7 @@ from dataplane_local.doubles.server import RunningServer, serve_in_thread
 from dataplane_local.infra import free_port
 from dataplane_local.procs import stop_process
 from dataplane_local.timeouts import scaled
+from dataplane_service_kit.topics_cli import create_topics
 
 # murmur2 puts these two keys on different partitions of a 6-partition topic (tests assert it)
 PROVIDER_A = "did:web:provider-a.example"

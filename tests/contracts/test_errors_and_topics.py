@@ -10,7 +10,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from dataplane_contracts.errors import ERROR_CODES, STATUS, ErrorBody
 from dataplane_contracts.events import DisclosureRecorded
 from dataplane_contracts.topics import AUDIT_DISCLOSURES, topic_specs
-from dataplane_contracts.topics_cli import create_topics
+from dataplane_service_kit.topics_cli import create_topics
 
 
 def test_every_code_has_its_status() -> None:

@@ -18,9 +18,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPa
 
 from dataplane_contracts.events import PlanRequest, PlanResolved
 from dataplane_contracts.topics import PLAN_REPLIES, PLAN_REQUESTS, TopicSpec, topic_specs
-from dataplane_contracts.topics_cli import create_topics
 from dataplane_local.infra import free_port
 from dataplane_local.procs import stop_process
+from dataplane_service_kit.topics_cli import create_topics
 
 PARTITIONS = 6
 

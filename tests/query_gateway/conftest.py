@@ -14,12 +14,12 @@ import httpx
 import pytest
 
 from dataplane_contracts.topics import AUDIT_DISCLOSURES, topic_specs
-from dataplane_contracts.topics_cli import create_topics
 from dataplane_local.doubles.ds_connector import DsConnectorDouble
 from dataplane_local.doubles.ds_connector import create_app as ds_app
 from dataplane_local.doubles.oidc import JWKS_PATH, OidcIssuer, start_oidc_issuer
 from dataplane_local.doubles.server import RunningServer, serve_in_thread
 from dataplane_service_kit.logs import configure_logging
+from dataplane_service_kit.topics_cli import create_topics
 
 sys.path.insert(0, str(Path(__file__).parent))
 

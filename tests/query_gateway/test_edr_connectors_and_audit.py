@@ -9,9 +9,9 @@ from pathlib import Path
 from gateway_support import AGREEMENT, CONSUMER, PROVIDER, World, ds_policy, running_gateway
 
 from dataplane_contracts.topics import topic_specs
-from dataplane_contracts.topics_cli import create_topics
 from dataplane_local import infra
 from dataplane_local.doubles.ds_connector import DsConnectorDouble
+from dataplane_service_kit.topics_cli import create_topics
 
 OTHER = "did:web:other-provider.example"
 

@@ -33,11 +33,11 @@ from gateway_support import AGREEMENT, PUBLIC_PEM, SEED, World, ds_policy, pull_
 from test_dps_pull import grant
 
 from dataplane_contracts.topics import topic_specs
-from dataplane_contracts.topics_cli import create_topics
 from dataplane_local import infra
 from dataplane_local.doubles.ds_connector import DsConnectorDouble
 from dataplane_local.procs import paused
 from dataplane_local.timeouts import scaled
+from dataplane_service_kit.topics_cli import create_topics
 from query_gateway.app import create_app
 from query_gateway.settings import GatewaySettings
 

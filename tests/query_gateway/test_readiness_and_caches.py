@@ -36,9 +36,9 @@ from gateway_support import (
 )
 
 from dataplane_contracts.topics import topic_specs
-from dataplane_contracts.topics_cli import create_topics
 from dataplane_local import infra
 from dataplane_local.doubles.oidc import start_oidc_issuer
+from dataplane_service_kit.topics_cli import create_topics
 from query_gateway.app import create_app
 
 STARTING = {"status": "unready", "error": "not_ready", "failing": ["startup"]}

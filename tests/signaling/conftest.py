@@ -19,11 +19,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from dataplane_contracts.dps import DEFAULT_PULL_GRANT_ROLE
 from dataplane_contracts.topics import topic_specs
-from dataplane_contracts.topics_cli import create_topics
 from dataplane_local.doubles.control_plane import ControlPlaneDouble, start_control_plane
 from dataplane_local.doubles.oidc import OidcIssuer, start_oidc_issuer
 from dataplane_local.infra import free_port
 from dataplane_service_kit.logs import configure_logging
+from dataplane_service_kit.topics_cli import create_topics
 
 # tests import their helpers as `signaling_support` (--import-mode=importlib puts no test dir on sys.path)
 _spec = importlib.util.spec_from_file_location("signaling_support", Path(__file__).with_name("support.py"))

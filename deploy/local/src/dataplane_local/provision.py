@@ -22,14 +22,15 @@ DEMO_HOURS = 24
 
 
 async def create_topics(bootstrap: str) -> list[str]:
-    """Every topic of `dataplane_contracts.topics` with its partitions (the contracts' command)."""
+    """Every topic of `dataplane_contracts.topics` with its partitions (`dataplane-topics create`,
+    the service kit's command)."""
     from dataplane_contracts.topics import topic_specs
-    from dataplane_contracts.topics_cli import create_topics as contracts_create_topics
+    from dataplane_service_kit.topics_cli import create_topics as kit_create_topics
 
-    # the local broker (or an existing dev broker) is a single node; the contracts command reads
+    # the local broker (or an existing dev broker) is a single node; the topics command reads
     # this variable (aiokafka refuses a replication factor of -1 without replica assignments)
     os.environ.setdefault("KAFKA_REPLICATION_FACTOR", "1")
-    return await contracts_create_topics(bootstrap, topic_specs())
+    return await kit_create_topics(bootstrap, topic_specs())
 
 
 async def topic_partitions(bootstrap: str) -> dict[str, int]:

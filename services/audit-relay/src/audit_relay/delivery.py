@@ -20,6 +20,7 @@ from opentelemetry.context import Context
 
 from audit_relay.health import Health
 from audit_relay.http1 import Http1Pool, Unanswered
+from dataplane_service_kit.backoff import exponential_delay
 from dataplane_service_kit.oauth import ClientCredentialsToken as ServiceToken
 from dataplane_service_kit.oauth import TokenUnavailable
 
@@ -72,11 +73,9 @@ def backoff_delay(
     retry_after_max_s: float = 300.0,
     rng: random.Random | None = None,
 ) -> float:
-    """Capped exponential backoff with equal jitter (half fixed, half random, so relays that failed
-    together do not retry together); never shorter than a (capped) Retry-After."""
-    capped = min(max_s, initial_s * (2.0 ** min(attempt, 30)))
-    uniform = rng.uniform if rng is not None else random.uniform
-    delay = capped / 2 + uniform(0, capped / 2)
+    """Capped exponential backoff with equal jitter (dataplane_service_kit.backoff: relays that
+    failed together do not retry together); never shorter than a (capped) Retry-After."""
+    delay = exponential_delay(attempt, initial_s=initial_s, max_s=max_s, jitter=True, rng=rng)
     if retry_after_s is not None:
         delay = max(delay, min(retry_after_s, retry_after_max_s))
     return delay

@@ -29,7 +29,8 @@ from audit_relay.partition import FINISHED, HELD_BACK, Finished, PartitionWorker
 from audit_relay.records import Rejected, audit_body, dead_letter, parse_event
 from audit_relay.settings import Settings
 from audit_relay.window import Record, Slot, Window
-from dataplane_contracts.settings import ConnectorNotConfigured, UnroutableProvider, connector_base
+from dataplane_service_kit.backoff import Backoff
+from dataplane_service_kit.connectors import ConnectorNotConfigured, UnroutableProvider, connector_base
 from dataplane_service_kit.logs import get_logger
 from dataplane_service_kit.telemetry import context_from_kafka_headers
 
@@ -132,7 +133,8 @@ class Relay:
 
     async def _start_clients(self) -> None:
         """Connect both clients, retrying while the broker is unreachable (readiness says so)."""
-        delay = self.settings.audit_relay_backoff_initial_s
+        s = self.settings
+        backoff = Backoff(s.audit_relay_backoff_initial_s, s.audit_relay_backoff_max_s)
         producer_started = False
         self.consumer.subscribe([self.settings.audit_relay_topic], listener=_Rebalance(self))
         while True:
@@ -145,8 +147,7 @@ class Relay:
                 return
             except KafkaError as exc:  # bootstrap failed before anything was started
                 log.warning("broker_unreachable", error=type(exc).__name__)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.settings.audit_relay_backoff_max_s)
+                await asyncio.sleep(backoff.next())
 
     async def stop(self) -> None:
         self._stopping = True

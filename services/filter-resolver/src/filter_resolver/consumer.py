@@ -42,6 +42,7 @@ from opentelemetry.context import Context
 from pydantic import ValidationError
 
 from dataplane_contracts.events import PlanRequest, PlanResolved
+from dataplane_service_kit.backoff import Backoff
 from dataplane_service_kit.logs import get_logger
 from dataplane_service_kit.telemetry import context_from_kafka_headers, kafka_headers
 from filter_resolver.metrics import Metrics
@@ -54,9 +55,9 @@ tracer = trace.get_tracer("filter_resolver")
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 HEX32 = re.compile(r"^[0-9a-f]{32}$")
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
-RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
-# before reading again a request whose reply could not be published
-REPLY_BACKOFF_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
+RESTART_BACKOFF_S = (0.5, 5.0)  # first and longest wait before the consumer is opened again
+# before reading again a request whose reply could not be published (first, longest)
+REPLY_BACKOFF_S = (0.05, 2.0)
 
 
 def set_fetch_wait(consumer: AIOKafkaConsumer, wait_ms: int) -> bool:
@@ -155,17 +156,16 @@ class PlanRequestConsumer:
                     log.warning("kafka_client_stop_failed", error=type(exc).__name__)
 
     async def _run(self) -> None:
-        failures = 0
+        restarts = Backoff(*RESTART_BACKOFF_S)
         while not self._stopping:
             try:
                 await self._open()
-                failures = 0
+                restarts.reset()
                 await self._consume()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                delay = RESTART_BACKOFF_S[min(failures, len(RESTART_BACKOFF_S) - 1)]
-                failures += 1
+                delay = restarts.next()
                 log.error("consumer_failed", error=type(exc).__name__, retry_in_s=delay)
                 await self._close()
                 await asyncio.sleep(delay)
@@ -183,7 +183,7 @@ class PlanRequestConsumer:
         idle_ms = s.resolver_idle_fetch_max_wait_ms
         idle_after = s.resolver_idle_after_ms / 1000
         last_request = time.monotonic()
-        unpublished = 0  # batches in a row with a reply left unpublished
+        unpublished = Backoff(*REPLY_BACKOFF_S)  # failures: batches in a row with a reply unpublished
         while True:
             batch = await consumer.getmany(timeout_ms=1000, max_records=s.resolver_max_batch)
             if not batch:
@@ -197,10 +197,9 @@ class PlanRequestConsumer:
             published = await asyncio.gather(*(self._handle(rec) for _, rec in records))
             self._commit(consumer, records, published)
             if all(published):
-                unpublished = 0
+                unpublished.reset()
                 continue
-            await asyncio.sleep(REPLY_BACKOFF_S[min(unpublished, len(REPLY_BACKOFF_S) - 1)])
-            unpublished += 1
+            await asyncio.sleep(unpublished.next())
 
     def _observe_fetch(self, records: list[tuple[TopicPartition, ConsumerRecord]]) -> None:
         """From the request's produce time (the producer's clock, ms) to this consumer's hands."""

@@ -12,6 +12,7 @@ from typing import TypeVar
 import asyncpg
 import httpx
 
+from dataplane_service_kit.backoff import exponential_delay
 from filter_resolver.errors import TransientUpstream
 
 T = TypeVar("T")
@@ -48,7 +49,7 @@ def backoff_delays(attempts: int, base_ms: int) -> tuple[float, ...]:
 
     Its own function so the schedule the settings give (3 attempts from 20 ms → 0.02 s, 0.04 s)
     can be read and checked without timing a single call."""
-    return tuple(base_ms * 2**n / 1000 for n in range(attempts - 1))
+    return tuple(exponential_delay(n, initial_s=base_ms / 1000) for n in range(attempts - 1))
 
 
 async def with_retries(

@@ -4,8 +4,6 @@ call (its answer reused for the ttl ds gives it, query_gateway.decision_cache)."
 
 from __future__ import annotations
 
-import asyncio
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,13 +12,10 @@ import jwt
 from pydantic import ValidationError
 
 from dataplane_contracts.ds import AuthorizeRequest, DecisionEnvelope
-from dataplane_contracts.settings import (
-    ConnectorNotConfigured,
-    ConnectorSettings,
-    UnroutableProvider,
-    connector_base,
-)
+from dataplane_contracts.settings import ConnectorSettings
+from dataplane_service_kit.connectors import ConnectorNotConfigured, UnroutableProvider, connector_base
 from dataplane_service_kit.errors import ServiceError
+from dataplane_service_kit.jwks import KeySet, KeySetUnavailable, NoUsableKey
 from dataplane_service_kit.logs import get_logger
 from dataplane_service_kit.oauth import ClientCredentialsToken, TokenUnavailable
 from query_gateway.decision_cache import DsDecisionCache, decision_key
@@ -29,7 +24,8 @@ from query_gateway.verified import VerifiedTokens, exp_of, memoisable
 
 log = get_logger("query_gateway.connector")
 _EDR_ALGORITHMS = ["ES256", "RS256"]
-_REFRESH_SECONDS = 30.0
+# a token no held EDR key signed refetches the connector's set at most this often
+EDR_REFETCH_SECONDS = 1.0
 # a connection closed under the request: the server's idle close crossing our send on a pooled
 # connection. Asked again once, on a fresh connection, where the question is idempotent; a
 # refused connect or a timeout is not this and is not asked again
@@ -82,15 +78,18 @@ def resolve_connector(settings: ConnectorSettings, provider: str | None) -> str:
 
 class ConnectorClient:
     def __init__(
-        self, http: httpx.AsyncClient, settings: GatewaySettings, tokens: ClientCredentialsToken
+        self,
+        http: httpx.AsyncClient,
+        settings: GatewaySettings,
+        tokens: ClientCredentialsToken,
+        edr_refetch_seconds: float = EDR_REFETCH_SECONDS,
     ) -> None:
         self._http = http
         self._settings = settings
         self._tokens = tokens
         self._timeout = settings.connector_timeout_seconds
-        self._edr_keys: dict[str, list[jwt.PyJWK]] = {}  # per connector base, process lifetime
-        self._fetched_at: dict[str, float] = {}
-        self._lock = asyncio.Lock()
+        self._edr_keys: dict[str, KeySet] = {}  # per connector base
+        self._edr_refetch_seconds = edr_refetch_seconds
         self._verified: VerifiedTokens[EdrIdentity] = VerifiedTokens()
         self._decisions = DsDecisionCache(
             settings.ds_decision_cache_maxsize, enabled=settings.ds_decision_cache_enabled
@@ -103,31 +102,25 @@ class ConnectorClient:
             raise ServiceError("ds_unavailable", "service credentials unavailable") from None
         return {"Authorization": f"Bearer {token}"} if token else {}
 
-    async def _keys(self, base: str, refresh: bool = False) -> list[jwt.PyJWK]:
-        async with self._lock:
-            # a refresh (after a failed verification) is rate-limited: forged tokens must not
-            # turn into a stream of key-set fetches
-            stale = refresh and time.monotonic() - self._fetched_at.get(base, 0.0) >= _REFRESH_SECONDS
-            if stale or base not in self._edr_keys:
-                try:
-                    response = await self._http.get(
-                        f"{base}/internal/edr-jwks", headers=await self._headers(), timeout=self._timeout
-                    )
-                    response.raise_for_status()
-                    raw_keys = response.json().get("keys", [])
-                except (httpx.HTTPError, ValueError, AttributeError):
-                    raise ServiceError("ds_unavailable", "ds-connector key set unavailable") from None
-                keys = []
-                for raw in raw_keys if isinstance(raw_keys, list) else []:
-                    try:
-                        keys.append(jwt.PyJWK.from_dict(raw, algorithm=raw.get("alg") or "ES256"))
-                    except (jwt.PyJWKError, jwt.InvalidKeyError, ValueError, TypeError, AttributeError):
-                        continue
-                if not keys:
-                    raise ServiceError("ds_unavailable", "ds published no usable EDR verification key")
-                self._edr_keys[base] = keys
-                self._fetched_at[base] = time.monotonic()
-            return self._edr_keys[base]
+    def _key_set(self, base: str) -> KeySet:
+        """The connector's EDR keys (docs/gateway.md, "Key sets"): every key a candidate, a JWK
+        without `alg` read as ES256, a set without a usable key an error."""
+        keys = self._edr_keys.get(base)
+        if keys is None:
+
+            async def fetch() -> httpx.Response:
+                return await self._http.get(
+                    f"{base}/internal/edr-jwks", headers=await self._headers(), timeout=self._timeout
+                )
+
+            keys = self._edr_keys[base] = KeySet(
+                fetch,
+                min_refetch_seconds=self._edr_refetch_seconds,
+                match_kid=False,
+                default_algorithm="ES256",
+                require_keys=True,
+            )
+        return keys
 
     async def verify_edr(self, token: str | None) -> EdrIdentity:
         """docs/gateway.md, "EDR token": read `iss` unverified only to choose the connector; verify with every
@@ -136,7 +129,8 @@ class ConnectorClient:
             raise ServiceError("invalid_token", "Dataspace mode requires the EDR token")
         memo = self._verified.get(token)  # a token that verified, while its key is still held
         if memo is not None:
-            if any(k is memo.key for k in self._edr_keys.get(memo.value.base_url, ())):
+            held = self._edr_keys.get(memo.value.base_url)
+            if held is not None and held.held(memo.key):
                 return memo.value
             self._verified.drop(token)
         try:
@@ -145,25 +139,21 @@ class ConnectorClient:
             raise ServiceError("invalid_token", "EDR token is not valid") from None
         iss = unverified.get("iss") if isinstance(unverified.get("iss"), str) else None
         base = resolve_connector(self._settings, iss)
-        claims = None
-        verified_by: jwt.PyJWK | None = None
-        for refresh in (False, True):  # a rotated connector key is fetched once more
-            for key in await self._keys(base, refresh=refresh):
-                try:
-                    claims = jwt.decode(
-                        token,
-                        key.key,
-                        algorithms=_EDR_ALGORITHMS,
-                        options={"verify_aud": False, "verify_exp": False},
-                    )
-                    verified_by = key
-                    break
-                except jwt.PyJWTError:
-                    continue
-            if claims is not None:
-                break
-        if claims is None:
-            raise ServiceError("invalid_token", "EDR token is not valid")
+
+        def check(key: jwt.PyJWK) -> dict[str, Any]:
+            claims: dict[str, Any] = jwt.decode(
+                token, key.key, algorithms=_EDR_ALGORITHMS, options={"verify_aud": False, "verify_exp": False}
+            )
+            return claims
+
+        try:
+            claims, verified_by = await self._key_set(base).verify(None, check)
+        except NoUsableKey:
+            raise ServiceError("ds_unavailable", "ds published no usable EDR verification key") from None
+        except KeySetUnavailable:
+            raise ServiceError("ds_unavailable", "ds-connector key set unavailable") from None
+        except jwt.PyJWTError:
+            raise ServiceError("invalid_token", "EDR token is not valid") from None
         aud: Any = claims.get("aud")
         if isinstance(aud, list):
             aud = aud[0] if aud else None

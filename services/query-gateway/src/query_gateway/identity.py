@@ -1,12 +1,10 @@
-"""The normal path's caller: an OIDC bearer verified against the issuer's JWKS (cached, refetched
-on an unknown `kid`), normalised as docs/gateway.md, "Identity". A bearer that verified is
+"""The normal path's caller: an OIDC bearer verified against the issuer's JWKS (docs/gateway.md,
+"Key sets"), normalised as docs/gateway.md, "Identity". A bearer that verified is
 memoised until its `exp` while its key stays in the set (query_gateway.verified)."""
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +14,7 @@ import jwt
 from dataplane_contracts.ds import Organization
 from dataplane_contracts.plans import CallerIdentity
 from dataplane_service_kit.errors import ServiceError
+from dataplane_service_kit.jwks import KeySet, KeySetUnavailable
 from query_gateway.settings import PLATFORM_ADMIN_ROLE
 from query_gateway.verified import VerifiedTokens, exp_of, memoisable
 
@@ -132,57 +131,30 @@ def normalise(claims: dict[str, Any], token: str) -> Caller:
 
 
 class OidcVerifier:
-    """JWKS fetched lazily, cached, and refetched when a token names a `kid` it does not hold."""
+    """The issuer's key set (dataplane_service_kit.jwks: fetched lazily, kept for its ttl,
+    refetched on an unknown `kid` at most once per second) and the memo of verified bearers."""
 
     def __init__(
         self, http: httpx.AsyncClient, jwks_uri: str | None, issuer: str | None, audience: str | None
     ) -> None:
-        self._http = http
         self._jwks_uri = jwks_uri
         self._issuer = issuer
         self._audience = audience
-        self._keys: dict[str, jwt.PyJWK] = {}
-        self._anonymous_keys: list[jwt.PyJWK] = []
-        self._fetched_at = 0.0
-        self._lock = asyncio.Lock()
+        self._keys = KeySet(
+            lambda: http.get(jwks_uri or "", timeout=5.0), min_refetch_seconds=_MIN_REFETCH_SECONDS
+        )
         self._verified: VerifiedTokens[Caller] = VerifiedTokens()
 
-    def _holds(self, key: object) -> bool:
-        """The key object is still in the current key set (a refetch makes new objects)."""
-        return any(k is key for k in self._keys.values()) or any(k is key for k in self._anonymous_keys)
-
-    async def _fetch(self) -> None:
-        assert self._jwks_uri is not None
-        response = await self._http.get(self._jwks_uri, timeout=5.0)
-        response.raise_for_status()
-        keys: dict[str, jwt.PyJWK] = {}
-        anonymous: list[jwt.PyJWK] = []
-        for raw in response.json().get("keys", []):
-            try:
-                key = jwt.PyJWK.from_dict(raw)
-            except (jwt.PyJWKError, jwt.InvalidKeyError, ValueError, TypeError):
-                continue  # an unusable key is skipped, the others still verify
-            if isinstance(raw.get("kid"), str):
-                keys[raw["kid"]] = key
-            else:
-                anonymous.append(key)
-        self._keys, self._anonymous_keys = keys, anonymous
-        self._fetched_at = time.monotonic()
-
-    async def _key_for(self, kid: str | None) -> list[jwt.PyJWK]:
-        async with self._lock:
-            if not self._fetched_at:
-                await self._fetch()
-            elif kid is not None and kid not in self._keys:
-                # an unknown kid refetches; under the lock, so a burst of forged kids costs one
-                # fetch per interval, while a real rotation is accepted after at most one interval
-                since = time.monotonic() - self._fetched_at
-                if since < _MIN_REFETCH_SECONDS:
-                    await asyncio.sleep(_MIN_REFETCH_SECONDS - since)
-                await self._fetch()
-            if kid is not None and kid in self._keys:
-                return [self._keys[kid]]
-            return list(self._anonymous_keys) if kid is None else []
+    def _claims(self, token: str, key: jwt.PyJWK) -> dict[str, Any]:
+        claims: dict[str, Any] = jwt.decode(
+            token,
+            key.key,
+            algorithms=_ALGORITHMS,
+            audience=self._audience,
+            issuer=self._issuer,
+            options={"verify_aud": self._audience is not None, "require": ["exp"]},
+        )
+        return claims
 
     async def verify(self, token: str) -> Caller:
         """401 invalid_token for anything but a token this issuer signed for this audience."""
@@ -190,7 +162,7 @@ class OidcVerifier:
             raise ServiceError("invalid_token", "bearer tokens cannot be verified: no issuer configured")
         memo = self._verified.get(token)  # never past the token's exp (query_gateway.verified)
         if memo is not None:
-            if self._holds(memo.key):
+            if self._keys.held(memo.key):
                 return memo.value
             self._verified.drop(token)
         try:
@@ -199,26 +171,15 @@ class OidcVerifier:
             raise ServiceError("invalid_token", "bearer token is not valid") from None
         kid = header.get("kid") if isinstance(header.get("kid"), str) else None
         try:
-            keys = await self._key_for(kid)
-        except (httpx.HTTPError, ValueError):
+            claims, key = await self._keys.verify(kid, lambda k: self._claims(token, k))
+        except KeySetUnavailable:
             raise ServiceError("invalid_token", "bearer token cannot be verified now") from None
-        for key in keys:
-            try:
-                claims: dict[str, Any] = jwt.decode(
-                    token,
-                    key.key,
-                    algorithms=_ALGORITHMS,
-                    audience=self._audience,
-                    issuer=self._issuer,
-                    options={"verify_aud": self._audience is not None, "require": ["exp"]},
-                )
-            except jwt.PyJWTError:
-                continue
-            caller = normalise(claims, token)
-            if memoisable(claims):
-                self._verified.put(token, caller, key, exp_of(claims))
-            return caller
-        raise ServiceError("invalid_token", "bearer token is not valid")
+        except jwt.PyJWTError:
+            raise ServiceError("invalid_token", "bearer token is not valid") from None
+        caller = normalise(claims, token)
+        if memoisable(claims):
+            self._verified.put(token, caller, key, exp_of(claims))
+        return caller
 
 
 def bearer(header: str | None) -> str | None:

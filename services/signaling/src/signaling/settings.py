@@ -94,7 +94,8 @@ class Settings(HttpSettings, KafkaSettings, OidcSettings):
     dps_did_web_allow_http: bool = False
     dps_pull_grant_role: str = DEFAULT_PULL_GRANT_ROLE
 
-    celine_oidc_jwks_min_refetch_seconds: float = Field(default=10.0, ge=0)
+    # a token of an unknown kid inside this interval waits for its end (docs/gateway.md, "Key sets")
+    celine_oidc_jwks_min_refetch_seconds: float = Field(default=1.0, ge=0, le=60)
     callback_timeout_seconds: float = Field(default=5.0, gt=0)
 
     @field_validator("database_url")

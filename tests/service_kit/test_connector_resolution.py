@@ -7,12 +7,8 @@ import json
 
 import pytest
 
-from dataplane_contracts.settings import (
-    ConnectorNotConfigured,
-    ConnectorSettings,
-    UnroutableProvider,
-    connector_base,
-)
+from dataplane_contracts.settings import ConnectorSettings
+from dataplane_service_kit.connectors import ConnectorNotConfigured, UnroutableProvider, connector_base
 
 DEFAULT = "http://ds-default.example/"
 A = "did:web:a.example"

@@ -1,5 +1,8 @@
 """`dataplane-topics create|list`: create every topic with its partitions and configuration,
-idempotently, on any Kafka-protocol broker (local stack, tests, Helm hook Job)."""
+idempotently, on any Kafka-protocol broker (local stack, tests, Helm hook Job).
+
+Here and not in the contracts, which list the topics (dataplane_contracts.topics) but pull no
+Kafka client: this is the code that talks to a broker, run from any service's image."""
 
 from __future__ import annotations
 
