@@ -6,6 +6,7 @@ claims fail never causes one; an unchanged JWK keeps its key object across fetch
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from typing import Any
 
@@ -27,6 +28,7 @@ class Issuer:
         self.keys: dict[str, ec.EllipticCurvePrivateKey] = {}
         self.published: list[str] = []
         self.fetches = 0
+        self.fetched_at: list[float] = []  # time.monotonic() of each fetch
         self.status = 200
         self.delay = 0.0
         self.extra: list[Any] = []
@@ -37,6 +39,7 @@ class Issuer:
 
     async def handle(self, request: httpx.Request) -> httpx.Response:
         self.fetches += 1
+        self.fetched_at.append(time.monotonic())
         await asyncio.sleep(self.delay)
         keys: list[Any] = list(self.extra)
         for kid in self.published:
@@ -99,6 +102,20 @@ async def test_an_unknown_kid_refetches_at_once_then_at_most_once_per_interval(i
     issuer.add("k3")  # a real rotation inside the next interval is still accepted, one fetch later
     assert (await verify(keys, issuer.token("k3")))[0]["sub"] == "alice"
     assert issuer.fetches == 4
+
+
+async def test_forged_kids_one_after_another_are_spaced_by_the_interval(issuer: Issuer) -> None:
+    interval = 0.2
+    keys = key_set(issuer, min_refetch_seconds=interval)
+    await verify(keys, issuer.token("k1"))
+    for n in range(4):
+        with pytest.raises(NotSigned):
+            await verify(keys, issuer.token("k1", header_kid=f"forged-{n}"))
+    refetches = issuer.fetched_at[1:]
+    assert len(refetches) == 4
+    gaps = [later - earlier for earlier, later in itertools.pairwise(refetches)]
+    # the event loop may wake a sleeper up to its clock resolution early
+    assert all(gap >= interval - 0.02 for gap in gaps), gaps
 
 
 async def test_a_known_kid_whose_key_does_not_verify_causes_no_fetch(issuer: Issuer) -> None:
