@@ -317,10 +317,18 @@ MISS_PATH = (
     ("res", "claim", "resolver: claim check taken (GETDEL)"),
     ("res", "resolve", "resolver: rec_registry handler (HTTP)"),
     ("res", "store", "resolver: plan into Redis"),
-    ("res", "reply", "resolver: reply published (acks=all)"),
-    ("gw", "reply_fetch", "gateway: reply produced → fetched"),
+    ("res", "notify", "resolver: early reply copy on the gateway's Redis channel"),
     ("gw", "plan_read", "gateway: plan out of Redis"),
 )
+# hops beside the path: the Kafka reply is published after the early copy and read only when
+# the early copy has not come (docs/row-filters.md, "The reply channel")
+BESIDE_PATH = (
+    ("gw", "reply", "gateway: request published → reply read (the hops between)"),
+    ("res", "reply", "resolver: Kafka reply published (acks=all), after the early copy"),
+    ("gw", "reply_fetch", "gateway: Kafka reply produced → fetched, when it answered"),
+    ("res", "commit", "resolver: offsets committed (after the reply, off the path)"),
+)
+REPLIES_READ = "query_gateway_plan_replies_total"
 _SAMPLE = re.compile(r"^(\w+?)_(sum|count|bucket)\{([^}]*)\} (\S+)$")
 
 
@@ -336,6 +344,13 @@ class Hop:
             if n >= q * self.count:
                 return le
         return float("nan")
+
+
+async def _replies_by_copy(bench: Bench, url: str) -> dict[str, float]:
+    """The gateway's plan replies that answered, by the copy that came first."""
+    text = (await bench.http.get(f"{url}/metrics")).text
+    found = re.findall(rf'^{REPLIES_READ}{{via="(\w+)"}} (\S+)$', text, re.MULTILINE)
+    return {via: float(value) for via, value in found}
 
 
 async def _hops(bench: Bench, url: str, name: str) -> dict[str, Hop]:
@@ -405,6 +420,7 @@ async def lookup_miss(bench: Bench, report: Report, sizes: Sizes) -> None:
         return {"gw": gw_hops, "res": await _hops(bench, resolver, RESOLVER_HOPS)}
 
     first = last = await snapshot()
+    via_before = await _replies_by_copy(bench, gw)
     miss, hit = Stats(), Stats()
     per_miss: list[tuple[float, dict[str, dict[str, Hop]]]] = []
     pids = {r.name: r.pid for r in bench.stack.records if record_alive(r)}
@@ -423,6 +439,8 @@ async def lookup_miss(bench: Bench, report: Report, sizes: Sizes) -> None:
         last = now
         hit.latencies.append(await query(token))
     resolved = await bench.metric(resolver, "filter_resolver_resolutions_total") - before
+    via_after = await _replies_by_copy(bench, gw)
+    via = {k: via_after.get(k, 0.0) - via_before.get(k, 0.0) for k in ("redis", "kafka")}
     hops = {w: _delta(last[w], first[w]) for w in last}
     report.check(
         "every miss was resolved by the resolver, every repeat was not",
@@ -434,6 +452,12 @@ async def lookup_miss(bench: Bench, report: Report, sizes: Sizes) -> None:
     report.add(s, "hit (same caller again) p50 / p99 ms", f"{ms(hit.p50)} / {ms(hit.p99)}")
     report.add(s, "miss − hit p50 ms", ms(miss.p50 - hit.p50), "Kafka + resolver + registry + Redis")
     report.add(s, "first miss after start-up ms", ms(cold), "cold, not in the percentiles above")
+    report.add(
+        s,
+        "replies that answered: early copy (Redis) / Kafka",
+        f"{via['redis']:.0f} / {via['kafka']:.0f}",
+        "the first copy to arrive answers",
+    )
     rows, path = [], 0.0
     for where, name, what in MISS_PATH:
         hop = hops[where].get(name, Hop())
@@ -442,10 +466,7 @@ async def lookup_miss(bench: Bench, report: Report, sizes: Sizes) -> None:
         rows.append([what, f"{hop.count:.0f}", ms(mean), f"≤ {ms(hop.p(0.5))}", f"≤ {ms(hop.p(0.99))}"])
     rows.append(["sum of the hops' means", "", ms(path), "", ""])
     rows.append(["miss − hit, means", "", ms(miss.mean - hit.mean), "", ""])
-    for where, name, what in (
-        ("gw", "reply", "gateway: request published → reply read (the hops between)"),
-        ("res", "commit", "resolver: offsets committed (after the reply, off the path)"),
-    ):
+    for where, name, what in BESIDE_PATH:
         hop = hops[where].get(name, Hop())
         mean = hop.total / hop.count if hop.count else float("nan")
         rows.append([what, f"{hop.count:.0f}", ms(mean), f"≤ {ms(hop.p(0.5))}", f"≤ {ms(hop.p(0.99))}"])

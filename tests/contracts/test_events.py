@@ -39,6 +39,7 @@ def _samples() -> dict[str, tuple[type, dict[str, object]]]:
                 "reply_topic": "dataplane.plan.replies",
                 "reply_partition": 2,
                 "deadline": FIXED_AT.isoformat(),
+                "reply_channel": "dataplane:plan-replies:" + "d" * 32,
             },
         ),
         "plan_resolved": (
@@ -133,6 +134,25 @@ def test_plan_resolved_shape_is_consistent() -> None:
         PlanResolved.model_validate({**sample, "outcome": "cached"})
     with pytest.raises(ValidationError):
         PlanResolved.model_validate({**sample, "error_code": "no_such_code"})
+
+
+@pytest.mark.parametrize(
+    "channel",
+    [
+        "",
+        "dataplane:plan-replies:",
+        "dataplane:plan:" + "d" * 32,
+        "dataplane:plan-replies:" + "D" * 32,
+        "other",
+    ],
+)
+def test_a_plan_request_names_only_a_reply_channel_of_ours(channel: str) -> None:
+    """The resolver publishes to the channel a request names: only the instance channels'
+    shape is accepted, so a request cannot make it write anywhere else in Redis."""
+    _, sample = _samples()["plan_request"]
+    with pytest.raises(ValidationError):
+        PlanRequest.model_validate({**sample, "reply_channel": channel})
+    assert PlanRequest.model_validate({**sample, "reply_channel": None}).reply_channel is None
 
 
 def test_dead_letter_is_an_event_whose_id_names_the_source_record() -> None:

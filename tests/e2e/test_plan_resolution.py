@@ -1,11 +1,13 @@
 """Lookup-handler plans across processes: gateway → Kafka → resolver → Redis. A repeated query is
-served from the plan cache (no new PlanRequest on the topic, on either replica); with every
+served from the plan cache (no new PlanRequest on the topic, on either replica); a miss is
+answered by the early reply copy on the gateway's Redis channel; with every
 resolver stopped a query needing a new plan is 503 row_filter_unavailable, and once they are back
 and ready the same query succeeds."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 from e2e_support import ALICE_PODS, System, fresh_principals, pods_of, rec_registry_verdict
@@ -29,6 +31,28 @@ async def test_rf07_repeated_lookup_query_is_served_from_the_plan_cache(system: 
         assert again.status_code == 200, again.text
         assert pods_of(again) == ALICE_PODS
     assert await system.end_offset(PLAN_REQUESTS) == after_miss  # no new PlanRequest
+
+
+async def _replies_answered(system: System, gateway: str) -> dict[str, float]:
+    text = (await system.http.get(f"{gateway}/metrics")).text
+    found = re.findall(r'^query_gateway_plan_replies_total\{via="(\w+)"\} (\S+)$', text, re.MULTILINE)
+    return {via: float(n) for via, n in found}
+
+
+async def test_rf07_a_miss_is_answered_by_the_early_copy_on_the_gateways_redis_channel(
+    system: System,
+) -> None:
+    """The real resolver publishes the reply on the asking instance's channel before the Kafka
+    reply: the miss is answered by that copy, and the Kafka copy does not answer it twice."""
+    gateway = system.gateways[1]
+    agreement = await system.add_agreement(rec_registry_verdict(*fresh_principals()))
+    before = await _replies_answered(system, gateway)
+    served = await system.edr_query(agreement, gateway=gateway)
+    assert served.status_code == 200, served.text
+    assert pods_of(served) == ALICE_PODS
+    after = await _replies_answered(system, gateway)
+    assert after.get("redis", 0) - before.get("redis", 0) == 1
+    assert after.get("kafka", 0) - before.get("kafka", 0) == 0
 
 
 async def test_all_resolvers_stopped_503_then_ready_again_serves(system: System) -> None:

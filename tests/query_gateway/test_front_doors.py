@@ -207,3 +207,47 @@ async def test_qe01_the_plain_door_starts_the_server_span_in_the_callers_trace(
     assert span.attributes is not None and span.attributes["http.response.status_code"] == status
     assert span.attributes["http.route"] == "/query"
     assert (span.status.status_code == StatusCode.ERROR) is error
+
+
+@pytest.mark.parametrize("traceparent", [None, f"00-{TRACE}-{PARENT}-01"])
+async def test_gs01_the_access_record_carries_the_trace_of_the_server_span(traceparent: str | None) -> None:
+    """The access context takes the trace id of the request's server span: the caller's trace when
+    a traceparent came, the span's own new trace when none did (never null while tracing)."""
+    from types import SimpleNamespace
+
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from starlette.responses import Response
+
+    from dataplane_service_kit.telemetry import ServerSpans
+    from query_gateway.routes import _context
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    door = QueryRoutes(
+        _Inner(), dps_enabled=False, spans=ServerSpans({}, provider), state=SimpleNamespace(gateway=None)
+    )
+    seen: list[str | None] = []
+
+    async def answer(_gw: object, headers: Any, _body: object) -> Response:
+        seen.append(_context(headers, "POST", "/query").trace_id)
+        return Response(b"{}", media_type="application/json")
+
+    door.routes["/query"] = answer
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b'{"sql": "SELECT 1"}', "more_body": False}
+
+    async def send(_message: Message) -> None:
+        return None
+
+    headers = [(b"content-type", b"application/json")]
+    if traceparent is not None:
+        headers.append((b"traceparent", traceparent.encode()))
+    await door({"type": "http", "method": "POST", "path": "/query", "headers": headers}, receive, send)
+    [span] = exporter.get_finished_spans()
+    assert seen == [format(span.context.trace_id, "032x")]
+    if traceparent is not None:
+        assert seen == [TRACE]

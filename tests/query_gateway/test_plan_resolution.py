@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 
 import httpx
@@ -51,8 +52,10 @@ async def test_the_plan_request_carries_nothing_personal(world: World, flushed: 
     [raw] = flushed.requests
     assert set(json.loads(raw)) == {
         "event_id", "occurred_at", "schema_version", "cache_key", "claim_check_id",
-        "correlation_id", "reply_topic", "reply_partition", "deadline",
+        "correlation_id", "reply_topic", "reply_partition", "deadline", "reply_channel",
     }  # fmt: skip
+    # the early-reply channel names this instance by a random id, nothing of the caller
+    assert re.fullmatch(r"dataplane:plan-replies:[0-9a-f]{32}", json.loads(raw)["reply_channel"])
     for personal in ("user-2", "name-of-user-2", "mail.example", token.split(".")[1], "registry"):
         assert personal not in raw.decode()
     [claim] = flushed.claims

@@ -148,3 +148,44 @@ def test_sdk_disabled_sets_up_no_tracing(receiver: tuple[OtlpReceiver, RunningSe
     # the API's default (no-op) provider, and no library instrumented
     assert run.stdout.split() == ["ProxyTracerProvider", "plain"]
     assert state.requests == 0 and state.spans() == []
+
+
+SAMPLING_PROBE = """
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, set_span_in_context
+from dataplane_service_kit.telemetry import setup_telemetry
+setup_telemetry("telemetry-probe")
+tracer = trace.get_tracer("probe")
+with tracer.start_as_current_span("root") as root:
+    print("root", root.is_recording(), root.get_span_context().is_valid)
+parent = NonRecordingSpan(SpanContext(0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, True,
+                                      TraceFlags(TraceFlags.SAMPLED)))
+with tracer.start_as_current_span("child", context=set_span_in_context(parent)) as child:
+    print("sampled-parent", child.is_recording())
+"""
+
+
+@pytest.mark.parametrize(
+    ("env", "root_recorded"),
+    [
+        ({}, False),  # nobody to export to: only a caller's sampled trace is recorded
+        ({"OTEL_TRACES_SAMPLER": "always_on"}, True),  # the operator's sampler decides
+        ({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}, True),
+    ],
+)
+def test_without_an_exporter_only_sampled_traces_are_recorded(
+    env: dict[str, str], root_recorded: bool
+) -> None:
+    base = {k: v for k, v in os.environ.items() if k not in (*OTEL_VARS, "OTEL_TRACES_SAMPLER")}
+    done = subprocess.run(
+        [sys.executable, "-c", SAMPLING_PROBE],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.split("\n")
+    assert f"root {root_recorded} True" in lines  # a trace id either way
+    assert "sampled-parent True" in lines

@@ -25,6 +25,9 @@ class PlanRequest(Event):
     reply_topic: StrictStr
     reply_partition: StrictInt | None = None
     deadline: AwareDatetime
+    # The asker's Redis channel for an early copy of the reply (docs/row-filters.md, "The reply
+    # channel"); the Kafka reply is still published and stays the one that is never lost.
+    reply_channel: Annotated[StrictStr, Field(pattern=r"^dataplane:plan-replies:[0-9a-f]{32}$")] | None = None
 
 
 PlanOutcome = Literal["cached", "one_shot", "error"]

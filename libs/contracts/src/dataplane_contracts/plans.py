@@ -126,6 +126,11 @@ def redis_one_shot_key(token: str) -> str:
     return f"{REDIS_PREFIX}plan-once:{token}"
 
 
+def redis_reply_channel(instance_id: str) -> str:
+    """A gateway instance's pub/sub channel for early copies of its plan replies."""
+    return f"{REDIS_PREFIX}plan-replies:{instance_id}"
+
+
 def redis_claim_key(claim_id: str) -> str:
     """A claim check: JSON of `ClaimCheck`, TTL = the request deadline; taken with GETDEL."""
     return f"{REDIS_PREFIX}claim:{claim_id}"

@@ -46,8 +46,10 @@ def configure_logging(service: str, level: str = "INFO") -> None:
         processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
         logger_factory=structlog.stdlib.LoggerFactory(),
         wrapper_class=structlog.stdlib.BoundLogger,
-        cache_logger_on_first_use=False,
+        # the same processors every time this is called: a logger built once serves every line
+        cache_logger_on_first_use=True,
     )
+    _lean_records()
     formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=shared,
         processors=[
@@ -64,6 +66,17 @@ def configure_logging(service: str, level: str = "INFO") -> None:
     root.setLevel(level.upper())
     for noisy in ("aiokafka", "kafka"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+
+
+def _lean_records() -> None:
+    """Leave out of every log record what no line of ours carries: the caller's file and line
+    (`_srcfile = None` is the logging module's own switch for that: no frame walk per record),
+    the thread, process and multiprocessing names. The formatter copies each record once more,
+    so these are paid twice per line; an access record per request is on the hot path."""
+    logging._srcfile = None  # the logging module documents this switch for exactly this
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
 
 
 def get_logger(name: str) -> structlog.stdlib.BoundLogger:

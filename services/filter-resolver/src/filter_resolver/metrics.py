@@ -46,7 +46,8 @@ class Metrics:
             "filter_resolver_hop_seconds",
             "Time of each hop of a plan request: fetch (produced → handed to the resolver), claim "
             "(take the claim check), resolve (the handler), store (the plan into Redis), reply "
-            "(publish the reply), commit (the offsets, after the replies)",
+            "(publish the reply), notify (the early copy on the asker's Redis channel), commit (the offsets, "
+            "after the replies)",
             ["hop"],
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
             registry=self.registry,

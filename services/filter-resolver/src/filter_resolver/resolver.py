@@ -202,6 +202,18 @@ class Resolver:
             log.error("resolve_failed", handler=handler.name, error=type(exc).__name__)
             raise unavailable(f"{handler.name}: resolution failed") from None
 
+    async def notify(self, channel: str, reply: PlanResolved) -> None:
+        """An early copy of the reply on the asker's Redis channel: the gateway wakes on it instead
+        of waiting for its next Kafka fetch. Best effort by design — the Kafka reply published next
+        is the copy that is never lost, so a failure here costs latency, not an answer."""
+        started = time.perf_counter()
+        try:
+            await self._redis.publish(channel, reply.model_dump_json())
+        except RedisError as exc:
+            log.warning("plan_reply_notify_failed", error=type(exc).__name__)
+        finally:
+            self._metrics.hops.labels("notify").observe(time.perf_counter() - started)
+
     # -- the plan cache (RF-07) -----------------------------------------------------------------
     async def _store(self, request: PlanRequest, claim: ClaimCheck, plan: Plan) -> PlanResolved:
         token_exp = claim.caller.token_exp if claim.caller else None

@@ -1,11 +1,11 @@
 """Access records (GS-01, GS-02): one per dataset read or refused, on logger `dataplane.audit`,
-one JSON object per line, with reason code, request id and trace id — never a name or email."""
+one JSON object per line, with reason code, request id and trace id — never a name or email.
+The line's one timestamp is the logging setup's `timestamp` (dataplane_service_kit.logs)."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from dataplane_service_kit.logs import get_logger
@@ -67,7 +67,6 @@ class AccessContext:
             "reason": reason,
             "request_id": self.request_id,
             "trace_id": self.trace_id,
-            "ts": datetime.now(UTC).isoformat(),
         }
         if self.agreement_id is not None:
             fields["agreement_id"] = _clean(self.agreement_id)

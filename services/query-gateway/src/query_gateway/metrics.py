@@ -9,6 +9,12 @@ REQUESTS = Counter(
     "Query requests by path, status and error code",
     ["path", "status", "code"],
 )
+PLAN_REPLIES_READ = Counter(
+    "query_gateway_plan_replies_total",
+    "Plan replies that answered a request, by the copy that came first: redis (the early copy on "
+    "this instance's channel) or kafka",
+    ["via"],
+)
 PLAN_CACHE = Counter("query_gateway_plan_cache_total", "Plan lookups by tier result", ["result"])
 DISCLOSURES = Counter("query_gateway_disclosures_published_total", "Disclosure events acknowledged")
 DS_DECISION_CACHE_HITS = Counter(

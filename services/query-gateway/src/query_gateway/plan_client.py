@@ -3,13 +3,15 @@
 Tiers: an in-process LRU (at most ROW_FILTERS_CACHE_MAXSIZE plans, honouring the Redis TTL), then
 Redis, then a `PlanRequest` naming only the hashed cache key and a claim-check id; the inputs wait
 in Redis under the claim id. Replies are read by manual assignment of one partition (no group),
-from its end, keeping only this instance's correlation ids. Identical misses coalesce.
+from its end, keeping only this instance's correlation ids; an early copy of each reply comes on
+this instance's Redis channel (query_gateway.plan_notify). Identical misses coalesce.
 
 The reply partition is paused while no request is pending and resumed before a request is sent:
 a paused partition keeps its position (no reply is missed) but is not fetched, so an idle
 gateway sends no fetches at all, which on a broker that sleeps out each fetch wait (the local
 Tansu) is what keeps it cheap; while requests are pending it fetches with
-KAFKA_RPC_FETCH_MAX_WAIT_MS."""
+KAFKA_RPC_FETCH_MAX_WAIT_MS — from the start when the reply channel is down, else only once a
+request has waited PLAN_REPLY_KAFKA_FALLBACK_MS without its early copy."""
 
 from __future__ import annotations
 
@@ -43,7 +45,8 @@ from dataplane_contracts.topics import PLAN_REPLIES, PLAN_REQUESTS
 from dataplane_service_kit.errors import ServiceError
 from dataplane_service_kit.logs import get_logger
 from dataplane_service_kit.telemetry import kafka_headers
-from query_gateway.metrics import PLAN_CACHE
+from query_gateway.metrics import PLAN_CACHE, PLAN_REPLIES_READ
+from query_gateway.plan_notify import ReplyChannel
 from query_gateway.settings import GatewaySettings
 
 log = get_logger("query_gateway.plans")
@@ -99,6 +102,7 @@ class PlanClient:
         self._producer = producer
         self._secret = settings.row_filters_cache_key_secret.get_secret_value().encode()
         self._timeout = settings.row_filters_resolve_timeout_ms / 1000
+        self._fallback_s = settings.plan_reply_kafka_fallback_ms / 1000
         self.lru = PlanLru(settings.row_filters_cache_maxsize)
         self._inflight: dict[str, asyncio.Task[Plan]] = {}
         self._pending: dict[str, asyncio.Future[PlanResolved]] = {}
@@ -108,6 +112,7 @@ class PlanClient:
         self._reader: asyncio.Task[None] | None = None
         self.reply_partition: int | None = None
         self.positioned = False
+        self.notify = ReplyChannel(redis, self._dispatch)
 
     # ------------------------------------------------------------------ replies
     async def start(self) -> None:
@@ -137,9 +142,11 @@ class PlanClient:
         self.reply_partition = chosen
         self.positioned = True
         self._reader = asyncio.create_task(self._read(consumer), name="plan-replies")
+        self.notify.start()
 
     async def stop(self) -> None:
         self.positioned = False
+        await self.notify.stop()
         if self._reader is not None:
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -159,9 +166,8 @@ class PlanClient:
                 continue
             for records in batches.values():
                 for record in records:
-                    if self._pending:  # replies read while someone waits: the time they took
+                    if self._dispatch(record.value, "kafka"):  # the time of replies that answered
                         self._observe_fetch(record.timestamp, record.timestamp_type)
-                    self._dispatch(record.value)
 
     @property
     def fetching(self) -> bool:
@@ -184,17 +190,21 @@ class PlanClient:
         if timestamp_type == 0 and timestamp > 0:  # CreateTime, the resolver's clock (ms)
             MISS_HOPS.labels("reply_fetch").observe(max(0.0, time.time() * 1000 - timestamp) / 1000)
 
-    def _dispatch(self, value: bytes | None) -> None:
+    def _dispatch(self, value: bytes | None, via: str) -> bool:
+        """Answer the pending request this reply is for; whether it answered one."""
         if not value:
-            return
+            return False
         try:
             reply = PlanResolved.model_validate_json(value)
         except ValidationError:
             log.warning("unreadable plan reply skipped")
-            return
+            return False
         future = self._pending.get(reply.correlation_id)
-        if future is not None and not future.done():  # other instances' replies are ignored
-            future.set_result(reply)
+        if future is None or future.done():  # other instances' replies, or the second copy
+            return False
+        future.set_result(reply)
+        PLAN_REPLIES_READ.labels(via).inc()
+        return True
 
     # ------------------------------------------------------------------ resolve
     async def resolve(self, claim: ClaimCheck) -> Plan:
@@ -269,7 +279,12 @@ class PlanClient:
         deadline = datetime.now(UTC) + timedelta(seconds=self._timeout)
         future: asyncio.Future[PlanResolved] = asyncio.get_running_loop().create_future()
         self._pending[correlation_id] = future
-        self._resume()  # before the request goes out: its reply must find the reader fetching
+        fallback: asyncio.TimerHandle | None = None
+        if self.notify.live:
+            # the early copy should answer: Kafka is fetched only if it has not come by then
+            fallback = asyncio.get_running_loop().call_later(self._fallback_s, self._resume)
+        else:
+            self._resume()  # before the request goes out: its reply must find the reader fetching
         try:
             async with asyncio.timeout(self._timeout):
                 started = time.perf_counter()
@@ -290,6 +305,7 @@ class PlanClient:
                     reply_topic=PLAN_REPLIES,
                     reply_partition=self.reply_partition,
                     deadline=deadline,
+                    reply_channel=self.notify.channel if self.notify.live else None,
                 )
                 await self._producer.send_and_wait(
                     PLAN_REQUESTS,
@@ -307,5 +323,7 @@ class PlanClient:
         except KafkaError:
             raise _unavailable("plan request could not be published") from None
         finally:
+            if fallback is not None:
+                fallback.cancel()
             self._pending.pop(correlation_id, None)
             self._pause_if_idle()

@@ -19,6 +19,7 @@ from typing import Annotated, Any, TypeVar
 import orjson
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse, Response
+from opentelemetry import trace
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -44,13 +45,22 @@ Answer = Callable[[Gateway, Headers, QueryBody], Awaitable[Response]]
 
 def _context(headers: Headers, method: str, route: str) -> AccessContext:
     request_id = headers.get("x-request-id") or headers.get("x-correlation-id")
-    match = _TRACEPARENT.fullmatch(headers.get("traceparent", "").strip().lower())
     return AccessContext(
         request_id=(request_id or uuid.uuid4().hex)[:128],
-        trace_id=match.group(1) if match else None,
+        trace_id=_trace_id(headers),
         method=method,
         route=route,
     )
+
+
+def _trace_id(headers: Headers) -> str | None:
+    """The trace of the request's server span — the caller's when it sent a `traceparent`, else
+    the one the span began; the caller's header alone when tracing is off."""
+    context = trace.get_current_span().get_span_context()
+    if context.is_valid:
+        return format(context.trace_id, "032x")
+    match = _TRACEPARENT.fullmatch(headers.get("traceparent", "").strip().lower())
+    return match.group(1) if match else None
 
 
 async def _guarded(

@@ -40,6 +40,8 @@ class GatewaySettings(
     dps_flows_database_url: str | None = None
     # the plan.replies partition this instance reads; unset = derived from a random instance id
     plan_reply_partition: int | None = Field(default=None, ge=0)
+    # how long a miss waits for the early copy of its reply before fetching the Kafka reply too
+    plan_reply_kafka_fallback_ms: int = Field(default=50, ge=0, le=10_000)
     connector_timeout_seconds: float = Field(default=5.0, gt=0)
     # below ds's idle timeout (uvicorn's default is 5 s): the gateway drops an idle connection
     # before ds closes it, so a question is never sent on a connection ds is closing
