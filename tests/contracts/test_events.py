@@ -15,10 +15,12 @@ from dataplane_contracts.ds import AuditQueryBody
 from dataplane_contracts.events import (
     DisclosureDeadLetter,
     DisclosureRecorded,
+    PlanReplyCopy,
     PlanRequest,
     PlanResolved,
     dead_letter_id,
 )
+from dataplane_contracts.plans import Plan
 
 GOLDEN = Path(__file__).parent / "golden"
 FORBIDDEN = ["principals", "keys", "token", "username", "organizations", "args", "email", "handler"]
@@ -153,6 +155,23 @@ def test_a_plan_request_names_only_a_reply_channel_of_ours(channel: str) -> None
     with pytest.raises(ValidationError):
         PlanRequest.model_validate({**sample, "reply_channel": channel})
     assert PlanRequest.model_validate({**sample, "reply_channel": None}).reply_channel is None
+
+
+def test_a_reply_copy_carries_a_plan_only_with_a_cached_outcome_and_its_ttl() -> None:
+    _, resolved = _samples()["plan_resolved"]
+    cached = PlanResolved.model_validate({**resolved, "outcome": "cached", "error_code": None})
+    plan = Plan.among("pod", ["a", "b"])
+    copy = PlanReplyCopy(reply=cached, plan=plan, ttl_seconds=30)
+    assert PlanReplyCopy.model_validate_json(copy.model_dump_json()) == copy
+    assert PlanReplyCopy(reply=cached).plan is None  # the reply alone: the asker reads the plan
+    with pytest.raises(ValidationError):
+        PlanReplyCopy(reply=cached, plan=plan)  # no TTL
+    with pytest.raises(ValidationError):
+        PlanReplyCopy(reply=cached, plan=plan, ttl_seconds=0)
+    error = PlanResolved.model_validate(resolved)
+    assert error.outcome == "error"
+    with pytest.raises(ValidationError):
+        PlanReplyCopy(reply=error, plan=plan, ttl_seconds=30)
 
 
 def test_dead_letter_is_an_event_whose_id_names_the_source_record() -> None:

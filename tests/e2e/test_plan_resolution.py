@@ -34,16 +34,21 @@ async def test_rf07_repeated_lookup_query_is_served_from_the_plan_cache(system: 
 
 
 async def _replies_answered(system: System, gateway: str) -> dict[str, float]:
+    """Replies that answered, by copy, and the plans read back from Redis after a reply."""
     text = (await system.http.get(f"{gateway}/metrics")).text
     found = re.findall(r'^query_gateway_plan_replies_total\{via="(\w+)"\} (\S+)$', text, re.MULTILINE)
-    return {via: float(n) for via, n in found}
+    reads = re.findall(
+        r'^query_gateway_plan_miss_hop_seconds_count\{hop="plan_read"\} (\S+)$', text, re.MULTILINE
+    )
+    return {**{via: float(n) for via, n in found}, "plan_read": float(reads[0]) if reads else 0.0}
 
 
 async def test_rf07_a_miss_is_answered_by_the_early_copy_on_the_gateways_redis_channel(
     system: System,
 ) -> None:
     """The real resolver publishes the reply on the asking instance's channel before the Kafka
-    reply: the miss is answered by that copy, and the Kafka copy does not answer it twice."""
+    reply, with the plan it has just cached: the miss is answered by that copy without reading
+    the plan back, and the Kafka copy does not answer it twice."""
     gateway = system.gateways[1]
     agreement = await system.add_agreement(rec_registry_verdict(*fresh_principals()))
     before = await _replies_answered(system, gateway)
@@ -53,6 +58,7 @@ async def test_rf07_a_miss_is_answered_by_the_early_copy_on_the_gateways_redis_c
     after = await _replies_answered(system, gateway)
     assert after.get("redis", 0) - before.get("redis", 0) == 1
     assert after.get("kafka", 0) - before.get("kafka", 0) == 0
+    assert after["plan_read"] == before["plan_read"]  # the copy carried the plan it announced
 
 
 async def test_all_resolvers_stopped_503_then_ready_again_serves(system: System) -> None:

@@ -8,9 +8,10 @@ from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, Field, StrictInt, StrictStr, model_validator
 
-from dataplane_contracts.base import Event
+from dataplane_contracts.base import ContractModel, Event
 from dataplane_contracts.ds import Did
 from dataplane_contracts.errors import ErrorCode
+from dataplane_contracts.plans import Plan
 
 HexDigest = Annotated[StrictStr, Field(pattern=r"^[0-9a-f]{64}$")]
 OpaqueId = Annotated[StrictStr, Field(pattern=r"^[0-9a-f]{32}$")]
@@ -49,6 +50,25 @@ class PlanResolved(Event):
             raise ValueError("one_shot_id is set exactly for a one-shot outcome")
         if (self.outcome == "error") != (self.error_code is not None):
             raise ValueError("error_code is set exactly for an error outcome")
+        return self
+
+
+class PlanReplyCopy(ContractModel):
+    """resolver → the asking gateway, over its Redis channel (not Kafka): the early copy of a
+    reply. With a `cached` outcome it carries the plan just written and its TTL, so the asker
+    need not read it back; the plan never travels on Kafka. docs/row-filters.md, "The reply
+    channel"."""
+
+    reply: PlanResolved
+    plan: Plan | None = None
+    ttl_seconds: Annotated[StrictInt, Field(gt=0)] | None = None
+
+    @model_validator(mode="after")
+    def _shape(self) -> PlanReplyCopy:
+        if (self.plan is not None) != (self.ttl_seconds is not None):
+            raise ValueError("a plan travels with its TTL")
+        if self.plan is not None and self.reply.outcome != "cached":
+            raise ValueError("only a cached plan travels with its reply")
         return self
 
 

@@ -273,8 +273,6 @@ class PlanRequestConsumer:
                     error_code="row_filter_unavailable",
                     error_detail="resolution failed",
                 )
-            if request.reply_channel is not None:
-                await self._resolver.notify(request.reply_channel, reply)
             return await self._publish(reply, request.reply_topic, request.reply_partition)
 
     def _parse(self, record: ConsumerRecord) -> PlanRequest | None:

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from dataplane_contracts.events import PlanRequest, PlanResolved
+from dataplane_contracts.events import PlanReplyCopy, PlanRequest, PlanResolved
 from dataplane_contracts.plans import (
     ONE_SHOT_TTL_SECONDS,
     ClaimCheck,
@@ -72,6 +72,7 @@ class Resolver:
         started = time.perf_counter()
         label = "unknown"
         plan: Plan | None = None
+        copied = False  # whether the early copy went out with the plan's write
         with tracer.start_as_current_span("row_filter.resolve") as span:
             try:
                 claim = await self._timed("claim", self._take_claim(request))
@@ -86,6 +87,7 @@ class Resolver:
                     span.set_attribute("row_filter.handler", label)
                     plan = await self._timed("resolve", self._resolve_once(request, handler, claim))
                     reply = await self._timed("store", self._store(request, claim, plan))
+                    copied = request.reply_channel is not None and reply.outcome == "cached"
             except ResolveError as exc:
                 span.set_attribute("row_filter.error", exc.code)
                 log.info("plan_request_refused", handler=label, error=exc.code, detail=exc.detail)
@@ -97,6 +99,8 @@ class Resolver:
                     error_detail=exc.detail,
                 )
             span.set_attribute("row_filter.outcome", reply.outcome)
+            if request.reply_channel is not None and not copied:
+                await self.notify(request.reply_channel, PlanReplyCopy(reply=reply))
         kind = plan.kind if plan is not None and reply.outcome != "error" else "none"
         self._metrics.resolutions.labels(label, reply.outcome, reply.error_code or "", kind).inc()
         self._metrics.latency.labels(label).observe(time.perf_counter() - started)
@@ -202,13 +206,13 @@ class Resolver:
             log.error("resolve_failed", handler=handler.name, error=type(exc).__name__)
             raise unavailable(f"{handler.name}: resolution failed") from None
 
-    async def notify(self, channel: str, reply: PlanResolved) -> None:
+    async def notify(self, channel: str, copy: PlanReplyCopy) -> None:
         """An early copy of the reply on the asker's Redis channel: the gateway wakes on it instead
         of waiting for its next Kafka fetch. Best effort by design — the Kafka reply published next
         is the copy that is never lost, so a failure here costs latency, not an answer."""
         started = time.perf_counter()
         try:
-            await self._redis.publish(channel, reply.model_dump_json())
+            await self._redis.publish(channel, copy.model_dump_json())
         except RedisError as exc:
             log.warning("plan_reply_notify_failed", error=type(exc).__name__)
         finally:
@@ -221,11 +225,22 @@ class Resolver:
         data = plan.model_dump_json()
         try:
             if ttl > 0:
-                await self._redis.set(redis_plan_key(request.cache_key), data, ex=ttl)
-                self._metrics.cache_writes.labels("plan").inc()
                 outcome = PlanResolved(
                     correlation_id=request.correlation_id, cache_key=request.cache_key, outcome="cached"
                 )
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    pipe.set(redis_plan_key(request.cache_key), data, ex=ttl)
+                    if request.reply_channel is not None:
+                        # the early copy right behind the write, in the same round trip; a failed
+                        # PUBLISH alone is not an error (the Kafka reply follows), a failed SET is
+                        copy = PlanReplyCopy(reply=outcome, plan=plan, ttl_seconds=ttl)
+                        pipe.publish(request.reply_channel, copy.model_dump_json())
+                    results = await pipe.execute(raise_on_error=False)
+                if isinstance(results[0], Exception):
+                    raise results[0]
+                if len(results) > 1 and isinstance(results[1], Exception):
+                    log.warning("plan_reply_notify_failed", error=type(results[1]).__name__)
+                self._metrics.cache_writes.labels("plan").inc()
             else:
                 one_shot = uuid.uuid4().hex
                 await self._redis.set(redis_one_shot_key(one_shot), data, ex=ONE_SHOT_TTL_SECONDS)

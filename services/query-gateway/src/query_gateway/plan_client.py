@@ -22,6 +22,7 @@ import uuid
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -32,7 +33,7 @@ from prometheus_client import Histogram
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
-from dataplane_contracts.events import PlanRequest, PlanResolved
+from dataplane_contracts.events import PlanReplyCopy, PlanRequest, PlanResolved
 from dataplane_contracts.plans import (
     ClaimCheck,
     Plan,
@@ -95,6 +96,15 @@ class PlanLru:
         return len(self._items)
 
 
+@dataclass(frozen=True)
+class _Answer:
+    """A reply as it came: from Kafka the reply alone; from the early copy perhaps with the plan."""
+
+    reply: PlanResolved
+    plan: Plan | None = None
+    ttl_seconds: int | None = None
+
+
 class PlanClient:
     def __init__(self, settings: GatewaySettings, redis: aioredis.Redis, producer: AIOKafkaProducer) -> None:
         self._settings = settings
@@ -105,14 +115,14 @@ class PlanClient:
         self._fallback_s = settings.plan_reply_kafka_fallback_ms / 1000
         self.lru = PlanLru(settings.row_filters_cache_maxsize)
         self._inflight: dict[str, asyncio.Task[Plan]] = {}
-        self._pending: dict[str, asyncio.Future[PlanResolved]] = {}
+        self._pending: dict[str, asyncio.Future[_Answer]] = {}
         self._consumer: AIOKafkaConsumer | None = None
         self._tp: TopicPartition | None = None
         self._paused = False
         self._reader: asyncio.Task[None] | None = None
         self.reply_partition: int | None = None
         self.positioned = False
-        self.notify = ReplyChannel(redis, self._dispatch)
+        self.notify = ReplyChannel(redis, self._dispatch_copy)
 
     # ------------------------------------------------------------------ replies
     async def start(self) -> None:
@@ -166,7 +176,7 @@ class PlanClient:
                 continue
             for records in batches.values():
                 for record in records:
-                    if self._dispatch(record.value, "kafka"):  # the time of replies that answered
+                    if self._dispatch_reply(record.value):  # the time of the replies that answered
                         self._observe_fetch(record.timestamp, record.timestamp_type)
 
     @property
@@ -190,8 +200,8 @@ class PlanClient:
         if timestamp_type == 0 and timestamp > 0:  # CreateTime, the resolver's clock (ms)
             MISS_HOPS.labels("reply_fetch").observe(max(0.0, time.time() * 1000 - timestamp) / 1000)
 
-    def _dispatch(self, value: bytes | None, via: str) -> bool:
-        """Answer the pending request this reply is for; whether it answered one."""
+    def _dispatch_reply(self, value: bytes | None) -> bool:
+        """A Kafka reply; whether it answered a pending request."""
         if not value:
             return False
         try:
@@ -199,10 +209,22 @@ class PlanClient:
         except ValidationError:
             log.warning("unreadable plan reply skipped")
             return False
-        future = self._pending.get(reply.correlation_id)
+        return self._answer(_Answer(reply), "kafka")
+
+    def _dispatch_copy(self, value: bytes) -> bool:
+        """An early copy from this instance's channel; whether it answered a pending request."""
+        try:
+            copy = PlanReplyCopy.model_validate_json(value)
+        except ValidationError:
+            log.warning("unreadable plan reply copy skipped")
+            return False
+        return self._answer(_Answer(copy.reply, copy.plan, copy.ttl_seconds), "redis")
+
+    def _answer(self, answer: _Answer, via: str) -> bool:
+        future = self._pending.get(answer.reply.correlation_id)
         if future is None or future.done():  # other instances' replies, or the second copy
             return False
-        future.set_result(reply)
+        future.set_result(answer)
         PLAN_REPLIES_READ.labels(via).inc()
         return True
 
@@ -249,10 +271,15 @@ class PlanClient:
 
     async def _request_plan(self, key: str, claim: ClaimCheck) -> Plan:
         for _attempt in range(2):  # a plan gone when read is requested once more, then 503
-            reply = await self._ask(key, claim)
+            answer = await self._ask(key, claim)
+            reply = answer.reply
             if reply.outcome == "error":
                 code = reply.error_code or "row_filter_unavailable"
                 raise ServiceError(code, reply.error_detail or "row filter resolution failed")
+            if answer.plan is not None and answer.ttl_seconds is not None and reply.cache_key == key:
+                # the plan the resolver has just written came with the early copy: no read back
+                self.lru.put(key, answer.plan, answer.ttl_seconds)
+                return answer.plan
             read_started = time.perf_counter()
             try:
                 if reply.outcome == "one_shot":
@@ -272,12 +299,12 @@ class PlanClient:
                 MISS_HOPS.labels("plan_read").observe(time.perf_counter() - read_started)
         raise _unavailable("resolved plan vanished before it was read")
 
-    async def _ask(self, key: str, claim: ClaimCheck) -> PlanResolved:
+    async def _ask(self, key: str, claim: ClaimCheck) -> _Answer:
         if not self.positioned or self.reply_partition is None:
             raise _unavailable("plan replies are not being read")
         claim_id, correlation_id = uuid.uuid4().hex, uuid.uuid4().hex
         deadline = datetime.now(UTC) + timedelta(seconds=self._timeout)
-        future: asyncio.Future[PlanResolved] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[_Answer] = asyncio.get_running_loop().create_future()
         self._pending[correlation_id] = future
         fallback: asyncio.TimerHandle | None = None
         if self.notify.live:

@@ -28,7 +28,7 @@ POLL_S = 1.0  # how long one read waits for a message; nothing is sent while it 
 
 
 class ReplyChannel:
-    def __init__(self, redis: aioredis.Redis, on_reply: Callable[[bytes, str], object]) -> None:
+    def __init__(self, redis: aioredis.Redis, on_reply: Callable[[bytes], object]) -> None:
         self._redis = redis
         self._on_reply = on_reply
         self.channel = redis_reply_channel(uuid.uuid4().hex)
@@ -55,7 +55,7 @@ class ReplyChannel:
                 while True:
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=POLL_S)
                     if message is not None and isinstance(message.get("data"), bytes):
-                        self._on_reply(message["data"], "redis")
+                        self._on_reply(message["data"])
             except (RedisError, OSError) as exc:
                 # the Kafka replies still arrive: only the early copies pause until resubscribed
                 log.warning("plan_reply_channel_lost", error=type(exc).__name__)
