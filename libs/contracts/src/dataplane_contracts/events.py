@@ -26,8 +26,8 @@ class PlanRequest(Event):
     reply_topic: StrictStr
     reply_partition: StrictInt | None = None
     deadline: AwareDatetime
-    # The asker's Redis channel for an early copy of the reply (docs/row-filters.md, "The reply
-    # channel"); the Kafka reply is still published and stays the one that is never lost.
+    # The asker's Redis channel for an early copy of the reply; the Kafka reply is still
+    # published and stays the one that is never lost (docs/row-filters.md, "The reply channel").
     reply_channel: Annotated[StrictStr, Field(pattern=r"^dataplane:plan-replies:[0-9a-f]{32}$")] | None = None
 
 
