@@ -62,7 +62,15 @@ async def test_dps02_an_invalid_token_is_401(signaling: Any, oidc: OidcIssuer) -
     for token in invalid:
         r = await _start(signaling, auth(token))
         assert r.status_code == 401, token
-        assert r.json() == {"error": "invalid_token", "detail": "signalling token is not valid"}
+        assert r.json() == {
+            "type": "urn:dataplane:error:invalid_token",
+            "title": "Invalid token",
+            "status": 401,
+            "error": "invalid_token",
+            "detail": "signalling token is not valid",
+        }
+        assert r.headers["www-authenticate"] == 'Bearer error="invalid_token"'
+        assert r.headers["content-type"] == "application/problem+json"
 
 
 async def test_dps02_a_client_not_listed_is_403(signaling: Any, oidc: OidcIssuer, cp_token: Any) -> None:
