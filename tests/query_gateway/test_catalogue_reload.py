@@ -1,4 +1,4 @@
-"""The catalogue at start-up and on SIGHUP (docs/gateway.md, "The catalogue"; docs/operations.md,
+"""The catalogue at start-up and on SIGHUP (docs/gateway.md, "GS-08"; docs/operations.md,
 "Reloading the catalogue"), GS-08: a handler name neither built in nor a declared plugin refuses
 start-up naming it; a real `query-gateway` process reloads its catalogue file on SIGHUP when the
 new file passes every check, and keeps serving the old one — saying why — when it does not."""

@@ -1,4 +1,4 @@
-"""What every gateway answer carries (docs/gateway.md, "Answers and refusals"): QE-01's problem
+"""What every gateway answer carries (docs/gateway.md, "QE-01"): QE-01's problem
 documents with `error` and `detail`, `WWW-Authenticate` on each 401, `X-Request-ID` on every
 answer through either front door, authentication before the statement is read, an unknown body
 field refused by name, a clamped `limit` signalled by `X-Limit-Clamped`."""

@@ -1,4 +1,4 @@
-"""The catalogue file, checked whole before it is served (docs/gateway.md, "The catalogue"): the
+"""The catalogue file, checked whole before it is served (docs/gateway.md, "GS-08"): the
 schema (GS-08), every handler name known (built in, or a plugin the deployment's resolvers load,
 `ROW_FILTERS_PLUGIN_HANDLERS`), every column in the database (GS-09), a mask key where a column is
 masked by hash. Start-up refuses a file that fails any check; a reload (SIGHUP) keeps the file
