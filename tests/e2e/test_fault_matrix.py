@@ -63,7 +63,11 @@ async def _load(system: System, seconds: float, tag: str) -> list[Outcome]:
             code = None
             if r.status_code != 200:
                 ctype = r.headers.get("content-type", "")
-                code = r.json().get("error") if ctype.startswith("application/json") else None
+                code = (
+                    r.json().get("error")
+                    if ctype.startswith(("application/json", "application/problem+json"))
+                    else None
+                )
             outcomes.append((transfer, r.status_code, code, time.monotonic() - started))
 
     await asyncio.gather(*(client(gw) for gw in system.gateways))

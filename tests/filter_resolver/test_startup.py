@@ -50,6 +50,12 @@ def test_unimportable_plugin_module_refuses_to_start() -> None:
     assert "rf_no_such_module_here" in result.stderr
 
 
+def test_gs08_a_declared_plugin_handler_no_plugin_provides_refuses_to_start() -> None:
+    result = _run({**BASE_ENV, "ROW_FILTERS_PLUGIN_HANDLERS": "subject_key_mach"})
+    assert result.returncode == 2
+    assert "ROW_FILTERS_PLUGIN_HANDLERS" in result.stderr and "subject_key_mach" in result.stderr
+
+
 async def _readyz(url: str) -> Any:
     async with httpx.AsyncClient() as client:
         return (await client.get(url + "/readyz")).json()

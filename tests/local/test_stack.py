@@ -202,3 +202,43 @@ def test_missing_service_is_named_with_its_reason() -> None:
 
     found = missing_services(["query-gateway", "dataplane-local", "no-such-service"])
     assert found == {"no-such-service": "console script not installed"}
+
+
+def _urls(root: Path) -> dict[str, str]:
+    return {p["name"]: p["url"] for p in recorded(root)}
+
+
+def test_restart_brings_one_process_back_on_its_port_and_ports_hold_across_ups(tmp_path: Path) -> None:
+    """`dataplane-local restart NAME` replaces one process of the running stack (same command,
+    port and settings) and leaves the others alone; a second `up` from the same state directory
+    takes the ports the first recorded (ports.json), with `DATAPLANE_LOCAL_PORTS=any` too."""
+    root = tmp_path / "stack"
+    first = up_and_check(root)
+    try:
+        before = {p["name"]: p["pid"] for p in recorded(root)}
+        urls = _urls(root)
+        result = cli(root, "restart", "ds-connector")
+        assert result.returncode == 0, result.stdout + result.stderr
+        after = {p["name"]: p["pid"] for p in recorded(root)}
+        assert after["ds-connector"] != before["ds-connector"]
+        assert {k: v for k, v in after.items() if k != "ds-connector"} == {
+            k: v for k, v in before.items() if k != "ds-connector"
+        }
+        assert _urls(root) == urls
+        assert before["ds-connector"] not in survivors(first)  # the old process is gone
+        check_doubles(read_env(root))  # the new one answers where the old one did
+        unknown = cli(root, "restart", "no-such-service")
+        assert unknown.returncode == 2 and "ds-connector" in unknown.stdout
+        running = process_tree([p["pid"] for p in recorded(root)])
+    except BaseException:
+        cli(root, "down")
+        raise
+    down_and_check(root, {**first, **running})
+    ports = json.loads((root / "ports.json").read_text())
+    assert {"oidc", "ds-connector", "rec-registry"} <= ports.keys()
+    second = up_and_check(root)
+    try:
+        doubles = {k: v for k, v in _urls(root).items() if k in ("oidc", "ds-connector", "rec-registry")}
+        assert doubles == {k: v for k, v in urls.items() if k in doubles}
+    finally:
+        down_and_check(root, second)

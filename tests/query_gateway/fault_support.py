@@ -29,7 +29,10 @@ def coded(response: httpx.Response) -> tuple[int, str]:
     """(status, code) of an answer that is a 200 or a coded error; anything else fails here."""
     if response.status_code == 200:
         return 200, "ok"
-    assert response.headers.get("content-type") == "application/json", (response.status_code, response.text)
+    assert response.headers.get("content-type") == "application/problem+json", (
+        response.status_code,
+        response.text,
+    )
     body: dict[str, Any] = response.json()
     code = body.get("error")
     assert code in ERROR_CODES and STATUS[code] == response.status_code, body

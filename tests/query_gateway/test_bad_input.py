@@ -39,15 +39,21 @@ PUBLIC_SQL = "SELECT id FROM stats ORDER BY id"
 
 def refused(response: httpx.Response, status: int, code: str) -> str:
     assert response.status_code == status, response.text
-    assert response.headers["content-type"] == "application/json", response.text
+    assert response.headers["content-type"] == "application/problem+json", response.text
     body: dict[str, Any] = response.json()
     assert body["error"] == code and "items" not in body, body
     detail: str = body["detail"]
     return detail
 
 
-def body_of(sql: str, **fields: Any) -> bytes:
-    """JSON as a client may send it: `json.dumps` escapes a lone surrogate as `\\ud800`."""
+def body_of(sql: str, pad: str | None = None, **fields: Any) -> bytes:
+    """JSON as a client may send it: `json.dumps` escapes a lone surrogate as `\\ud800`. `pad`
+    sizes the body as a field of that text would, with JSON whitespace (an unknown field is
+    refused, QE-01)."""
+    if pad is not None:
+        sized = len(json.dumps({"sql": sql, **fields, "pad": pad}).encode())
+        plain = json.dumps({"sql": sql, **fields}).encode()
+        return plain[:-1] + b" " * (sized - len(plain)) + b"}"
     return json.dumps({"sql": sql, **fields}).encode()
 
 
@@ -249,11 +255,16 @@ async def test_nul_byte_is_400_not_503(client: httpx.AsyncClient) -> None:
 
 
 @pytest.mark.parametrize(
-    "content",
-    [b'{"sql": "SELECT id FROM stats WHERE label = \'\xff\xfe\'"}', b'{"sql": "x"}\xc3', b"not json"],
+    ("content", "what"),
+    [
+        (b'{"sql": "SELECT id FROM stats WHERE label = \'\xff\xfe\'"}', "not UTF-8 text"),
+        (b'{"sql": "x"}\xc3', "not UTF-8 text"),
+        (b"not json", "not a JSON document: expecting value at character 0"),
+    ],
 )
 async def test_invalid_utf8_or_not_json_is_400_invalid_body(
     content: bytes,
+    what: str,
     client: httpx.AsyncClient,
     pull_client: httpx.AsyncClient,
     world: World,
@@ -262,7 +273,8 @@ async def test_invalid_utf8_or_not_json_is_400_invalid_body(
 ) -> None:
     # not a JSON document at all: 400 with its own code (a body the model refuses stays 422)
     details = await on_every_route(client, pull_client, world, flows_url, content, 400, "invalid_body")
-    assert details[0] == "invalid request: the body is not a JSON document"
+    assert details[0].startswith("invalid request: the body is "), details[0]
+    assert what in details[0], details[0]  # what is wrong, never the text itself
     assert stats_offered.calls("authorize") == []
 
 

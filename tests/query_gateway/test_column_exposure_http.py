@@ -41,7 +41,13 @@ from dataplane_local.doubles.ds_connector import DsConnectorDouble
 from query_gateway.sql.references import NOT_EXPOSED
 
 PERMIT = Permit(pods=("pod-1", "pod-3", "pod-4"), orgs=("org-b",), sites=None)
-REFUSAL = {"error": "column_not_exposed", "detail": NOT_EXPOSED}
+REFUSAL = {
+    "type": "urn:dataplane:error:column_not_exposed",
+    "title": "Column not exposed",
+    "status": 400,
+    "error": "column_not_exposed",
+    "detail": NOT_EXPOSED,
+}
 
 
 def verdicts(permit: Permit) -> dict[str, Any]:

@@ -89,6 +89,9 @@ async def test_a_stopped_broker_is_503_audit_unavailable_with_no_rows(
             r = await c.post("/query", json={"sql": "SELECT id FROM stats"}, headers=headers(world.edr()))
             assert r.status_code == 503
             assert r.json() == {
+                "type": "urn:dataplane:error:audit_unavailable",
+                "title": "Audit unavailable",
+                "status": 503,
                 "error": "audit_unavailable",
                 "detail": "disclosure could not be recorded; no rows served",
             }

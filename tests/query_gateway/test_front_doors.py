@@ -35,7 +35,9 @@ def _answer(r: httpx.Response) -> tuple[int, str, Any, str | None]:
     "body",
     [
         {"sql": PUBLIC_SQL, "limit": 2},
-        {"sql": PUBLIC_SQL, "limit": 2, "offset": 1, "skip_count": True, "unknown": 1},
+        {"sql": PUBLIC_SQL, "limit": 2, "offset": 1, "skip_count": True},
+        {"sql": PUBLIC_SQL, "unknown": 1},  # 422 invalid_request naming the field
+        {"query": PUBLIC_SQL},  # the same: `sql` is the statement's field
         {"sql": "   "},  # sql_refused: missing statement
         {"sql": "DELETE FROM stats"},  # a refused statement
         {"sql": "SELECT id FROM nowhere"},  # an unknown table

@@ -63,7 +63,10 @@ def test_openapi_documents_every_route_its_headers_and_codes(served: RunningServ
     assert set(body) == {"sql", "limit", "offset", "skip_count"}
     assert body["limit"]["maximum"] == 2**63 - 1  # exact, not FastAPI's float
     pull = document["paths"]["/dps/public/query"]["post"]["responses"]
-    assert "pull_token" in pull["401"]["content"]["application/json"]["schema"]["properties"]["error"]["enum"]
+    assert (
+        "pull_token"
+        in pull["401"]["content"]["application/problem+json"]["schema"]["properties"]["error"]["enum"]
+    )
     assert set(pull) == {"200", "400", "401", "403", "413", "422", "500", "502", "503"}
     docs = httpx.get(f"{served.url}/docs")
     assert docs.status_code == 200 and "/openapi.json" in docs.text

@@ -128,7 +128,13 @@ async def test_redis_down_is_503_row_filter_unavailable_never_no_filter(
     finally:
         redis.stop()
     assert r.status_code == 503, r.text
-    assert r.json() == {"error": "row_filter_unavailable", "detail": "plan cache unavailable"}
+    assert r.json() == {
+        "type": "urn:dataplane:error:row_filter_unavailable",
+        "title": "Row filter unavailable",
+        "status": 503,
+        "error": "row_filter_unavailable",
+        "detail": "plan cache unavailable",
+    }
     assert flushed.requests == []  # refused at the cache tier: no plan was requested either
     # losing Redis loses only the cache of lookups: a dataset needing no lookup is still served
     assert [row["id"] for row in public.json()["items"]] == [1, 2]

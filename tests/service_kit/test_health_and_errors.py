@@ -56,7 +56,15 @@ async def test_healthz_and_readyz_ok() -> None:
 async def test_service_error_rendered_with_code_and_status() -> None:
     resp = await _get(_app({}), "/boom")
     assert resp.status_code == 401
-    assert resp.json() == {"error": "pull_token", "detail": "the pull token is not live"}
+    assert resp.json() == {
+        "type": "urn:dataplane:error:pull_token",
+        "title": "Pull token",
+        "status": 401,
+        "error": "pull_token",
+        "detail": "the pull token is not live",
+    }
+    assert resp.headers["content-type"] == "application/problem+json"
+    assert resp.headers["www-authenticate"] == 'Bearer error="invalid_token"'
 
 
 class _Demo(BaseSettings):

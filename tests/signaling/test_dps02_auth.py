@@ -62,7 +62,15 @@ async def test_dps02_an_invalid_token_is_401(signaling: Any, oidc: OidcIssuer) -
     for token in invalid:
         r = await _start(signaling, auth(token))
         assert r.status_code == 401, token
-        assert r.json() == {"error": "invalid_token", "detail": "signalling token is not valid"}
+        assert r.json() == {
+            "type": "urn:dataplane:error:invalid_token",
+            "title": "Invalid token",
+            "status": 401,
+            "error": "invalid_token",
+            "detail": "signalling token is not valid",
+        }
+        assert r.headers["www-authenticate"] == 'Bearer error="invalid_token"'
+        assert r.headers["content-type"] == "application/problem+json"
 
 
 async def test_dps02_a_client_not_listed_is_403(signaling: Any, oidc: OidcIssuer, cp_token: Any) -> None:
@@ -70,6 +78,9 @@ async def test_dps02_a_client_not_listed_is_403(signaling: Any, oidc: OidcIssuer
         r = await _start(signaling, auth(token))
         assert r.status_code == 403
         assert r.json() == {
+            "type": "urn:dataplane:error:client_not_admitted",
+            "title": "Client not admitted",
+            "status": 403,
             "error": "client_not_admitted",
             "detail": "this client may not signal this data plane",
         }
@@ -268,3 +279,20 @@ async def test_gs02_every_refusal_code_writes_a_dps_signal_record_without_a_toke
     text = caplog.text + str(record)
     for secret in (token, other, "address-credential-value"):
         assert secret not in text
+
+
+async def test_every_answer_carries_the_request_id_of_its_record(
+    signaling: Any, cp_token: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """X-Request-ID on every signaling answer (docs/wire-contracts.md, "Errors"): a sane one echoed,
+    else a new one; a refusal's GS-02 record names the same id."""
+    caplog.set_level(logging.INFO, logger="dataplane.audit")
+    ok = await _start(signaling, {**auth(cp_token(CP)), "X-Request-ID": "cp-call-1"})
+    assert (ok.status_code, ok.headers["x-request-id"]) == (200, "cp-call-1")
+    refused = await _start(signaling, {"X-Request-ID": "bad id with spaces"})
+    assert refused.status_code == 401 and refused.headers["content-type"] == "application/problem+json"
+    rid = refused.headers["x-request-id"]
+    assert rid != "bad id with spaces" and len(rid) == 32
+    assert [r["request_id"] for r in _audit_records(caplog)] == [rid]
+    health = await signaling.client.get("/healthz")
+    assert len(health.headers["x-request-id"]) == 32

@@ -155,7 +155,13 @@ async def test_dps07_started_is_not_a_provider_signal(signaling: Any, cp_token: 
 async def test_dps07_an_unknown_flow_is_404(signaling: Any, cp_token: Any, signal: str) -> None:
     r = await _signal(signaling, cp_token, "no-such-flow", signal, {"dataAddress": consumer_address()})
     assert r.status_code == 404
-    assert r.json() == {"error": "flow_not_found", "detail": "no such data flow"}
+    assert r.json() == {
+        "type": "urn:dataplane:error:flow_not_found",
+        "title": "Flow not found",
+        "status": 404,
+        "error": "flow_not_found",
+        "detail": "no such data flow",
+    }
 
 
 async def test_dps07_another_callers_flow_reads_as_absent(signaling: Any, cp_token: Any) -> None:

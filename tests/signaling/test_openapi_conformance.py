@@ -55,7 +55,7 @@ def test_openapi_documents_every_route_and_docs_are_served(served: RunningServer
     }
     start = document["paths"]["/dps/v1/dataflows/start"]["post"]
     assert start["security"] == [{"controlPlane": []}]
-    codes = start["responses"]["400"]["content"]["application/json"]["schema"]["properties"]["error"]
+    codes = start["responses"]["400"]["content"]["application/problem+json"]["schema"]["properties"]["error"]
     assert set(codes["enum"]) == {"unsupported_transfer_type", "data_address_not_allowed"}
     docs = httpx.get(f"{served.url}/docs")
     assert docs.status_code == 200 and "/openapi.json" in docs.text

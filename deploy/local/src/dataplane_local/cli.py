@@ -1,4 +1,5 @@
-"""`dataplane-local up | down | status | demo`: the one-command local system (no Docker)."""
+"""`dataplane-local up | down | status | restart NAME | demo`: the one-command local system (no
+Docker)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--gateways", type=int, default=1, help="query-gateway replicas (own port each)")
     up.add_argument("--resolvers", type=int, default=1, help="filter-resolver replicas")
     sub.add_parser("down", help="stop everything that `up` started")
+    restart = sub.add_parser(
+        "restart", help="stop one service (or double) and start it again as `up` did: same port and settings"
+    )
+    restart.add_argument("name", help="e.g. query-gateway, query-gateway-2, signaling, ds-connector")
+    restart.add_argument("--ready-timeout", type=float, default=120.0, help="seconds to wait until ready")
     sub.add_parser("status", help="show each process; exit 1 when one is dead")
     sub.add_parser("demo", help="tell the dataspace story against the running stack, request by request")
     args = parser.parse_args(argv)
@@ -55,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.command == "down":
         return stack.down()
+    if args.command == "restart":
+        return stack.restart(args.name, args.ready_timeout)
     return stack.status()
 
 

@@ -85,22 +85,27 @@ def missing_services(scripts: list[str] | None = None) -> dict[str, str]:
     return missing
 
 
-# `any`: every port of a stack is a free one the kernel picks, never the preferred ones. Tests and
-# benches set it: two stacks started at once (two suites, a bench beside a suite) would each see
-# a preferred port free, then one of them would fail to bind it — or check the other's service
-# for readiness and take it as its own
+# `any`: every port of a stack is a free one the kernel picks (or the one this state directory's
+# last `up` recorded), never the preferred ones. Tests and benches set it: two stacks started at
+# once (two suites, a bench beside a suite) would each see a preferred port free, then one of them
+# would fail to bind it — or check the other's service for readiness and take it as its own
 PORTS_ENV = "DATAPLANE_LOCAL_PORTS"
 
 
-def _pick_port(preferred: int) -> int:
-    if os.environ.get(PORTS_ENV, "").strip().lower() == "any":
-        return infra.free_port()
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", preferred))
-            return preferred
-        except OSError:
-            return infra.free_port()
+def _pick_port(*wanted: int | None) -> int:
+    """The first of `wanted` that is free, else any free one."""
+    for port in wanted:
+        if port is None:
+            continue
+        with socket.socket() as s:
+            # as the servers bind: a port whose last listener left connections in TIME_WAIT is free
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    return infra.free_port()
 
 
 def _service_command(name: str) -> list[str]:
@@ -162,6 +167,10 @@ class Stack:
         self.pidfile = PidFile(self.root / "pids.json")
         self.env_file = self.root / "stack.env"
         self.info_file = self.root / "stack.json"
+        # each process's port, kept across `up`s (a restarted stack answers where it did before)
+        self.ports_file = self.root / "ports.json"
+        # how each process was started, for `dataplane-local restart NAME`
+        self.starts_file = self.root / "starts.json"
         self.logs = self.root / "logs"
         self.log = log
         self.records: list[ProcRecord] = []
@@ -268,7 +277,7 @@ class Stack:
         urls["redis"] = rd
         # 4. the development doubles
         for name, module, preferred, ready in DOUBLES:
-            port = _pick_port(preferred)
+            port = self._port(name, preferred)
             url = f"http://127.0.0.1:{port}"
             config = self._double_config(name, urls)
             cmd = [sys.executable, "-m", module, "--port", str(port), "--config", str(config)]
@@ -279,6 +288,24 @@ class Stack:
         env = self._env(urls)
         self._write_env(env, urls)
         return env
+
+    def _port(self, name: str, preferred: int | None) -> int:
+        """The port this process had in the last `up` from this state directory (ports.json)
+        when it is free, else the preferred one when free (never with ports `any`), else any
+        free one; recorded for the next `up`."""
+        book = _read_json(self.ports_file)
+        recorded = book.get(name)
+        anywhere = os.environ.get(PORTS_ENV, "").strip().lower() == "any"
+        port = _pick_port(recorded if isinstance(recorded, int) else None, None if anywhere else preferred)
+        book[name] = port
+        self.ports_file.write_text(json.dumps(book, indent=2, sort_keys=True))
+        return port
+
+    def _remember_start(self, name: str, start: dict[str, Any]) -> None:
+        """How `name` was started (kind, cmd, url, ready path, its own env), for `restart`."""
+        starts = _read_json(self.starts_file)
+        starts[name] = start
+        self.starts_file.write_text(json.dumps(starts, indent=2))
 
     def _double_config(self, name: str, urls: dict[str, str]) -> Path:
         cfg_dir = self.root / "config"
@@ -309,7 +336,7 @@ class Stack:
         ports: dict[str, int] = {}
         for name, preferred in SERVICES:
             for i, instance in enumerate(instance_names(name, self.replicas[name])):
-                ports[instance] = _pick_port(preferred) if i == 0 else infra.free_port()
+                ports[instance] = self._port(instance, preferred if i == 0 else None)
         self.service_ports = ports
         oidc = urls["oidc"]
         env = {
@@ -420,7 +447,12 @@ class Stack:
         script = next(name for name, _ in SERVICES if instance in instance_names(name, self.replicas[name]))
         url = f"http://127.0.0.1:{proc_env['HTTP_PORT']}"
         self.records = [r for r in self.records if not (r.name == instance and not record_alive(r))]
-        self._spawn(instance, "service", _service_command(script), url, proc_env)
+        cmd = _service_command(script)
+        own = {k: v for k, v in proc_env.items() if k in _OWN_SETTINGS}  # the rest: stack.json's env
+        self._remember_start(
+            instance, {"kind": "service", "cmd": cmd, "url": url, "ready": "/readyz", "env": own}
+        )
+        self._spawn(instance, "service", cmd, url, proc_env)
         _wait_http(f"{url}/readyz", ready_timeout, self.records[-1])
         self.log(f"service {instance}: ready on {url}")
         return url
@@ -430,6 +462,7 @@ class Stack:
         file (its runtime state — policy changes, recorded calls, faults — starts afresh)."""
         cmd, url, ready = self.double_starts[name]
         self.records = [r for r in self.records if not (r.name == name and not record_alive(r))]
+        self._remember_start(name, {"kind": "double", "cmd": cmd, "url": url, "ready": ready, "env": {}})
         self._spawn(name, "double", cmd, url, dict(os.environ))
         _wait_http(f"{url}{ready}", ready_timeout, self.records[-1])
         return url
@@ -473,6 +506,38 @@ class Stack:
         proc.returncode = 0  # detached on purpose: `down` stops it by its recorded pid
         self._keep(ProcRecord.of(name, kind, proc.pid, url=url, log=str(log)))
 
+    # ------------------------------------------------------------------------------- restart
+    def restart(self, name: str, ready_timeout: float = 120.0) -> int:
+        """`dataplane-local restart NAME`: stop one service (or double) of the running stack and
+        start it again as `up` started it — same command, port and settings — then wait until it
+        is ready. The rest of the stack keeps running."""
+        starts = _read_json(self.starts_file)
+        self.records = self.pidfile.load()
+        if not self.records or name not in starts:
+            known = ", ".join(sorted(starts)) or "none (is a stack running? dataplane-local up)"
+            self.log(f"no process {name!r} in the stack at {self.root}; known: {known}")
+            return 2
+        start = starts[name]
+        for rec in self.records:
+            if rec.name == name and record_alive(rec) and not stop_record(rec):
+                self.log(f"could not stop {name} (pid {rec.pid})")
+                return 1
+        self.records = [r for r in self.records if r.name != name]
+        self.pidfile.save(self.records)
+        env = dict(os.environ)
+        if start["kind"] == "service":
+            env.update(_read_json(self.info_file).get("env", {}))
+        env.update(start["env"])
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self._spawn(name, start["kind"], list(start["cmd"]), start["url"], env)
+        try:
+            _wait_http(f"{start['url']}{start['ready']}", ready_timeout, self.records[-1])
+        except StackError as exc:
+            self.log(str(exc))
+            return 1
+        self.log(f"{name}: restarted, ready on {start['url']} (pid {self.records[-1].pid})")
+        return 0
+
     # ---------------------------------------------------------------------------- down/status
     def down(self) -> int:
         records = self.pidfile.load()
@@ -510,6 +575,18 @@ class Stack:
                 "some processes died; see .local/logs/, then: dataplane-local down && dataplane-local up"
             )
         return 0 if healthy else 1
+
+
+# what `start_service` sets per process over stack.json's shared environment
+_OWN_SETTINGS = frozenset({"HTTP_HOST", "HTTP_PORT", "PLAN_REPLY_PARTITION"})
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _leads_group(pid: int) -> bool:

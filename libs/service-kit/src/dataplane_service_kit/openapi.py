@@ -13,6 +13,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 from dataplane_contracts.errors import STATUS
+from dataplane_service_kit.errors import PROBLEM_JSON, PROBLEM_TYPE
 
 # what the framework itself answers besides the contracts table (errors.py renders both)
 FRAMEWORK_CODES: dict[str, int] = {"not_found": 404, "method_not_allowed": 405}
@@ -39,14 +40,17 @@ def distribution_version(name: str) -> str:
         return "0"
 
 
-def error_schema(codes: tuple[str, ...]) -> dict[str, Any]:
-    """`{"error": <code>, "detail": <text>}` with the codes this answer may carry."""
+def error_schema(codes: tuple[str, ...], status: int | None = None) -> dict[str, Any]:
+    """The RFC 9457 problem document with the codes this answer may carry (errors.py)."""
     return {
         "type": "object",
-        "required": ["error", "detail"],
+        "required": ["type", "title", "status", "error", "detail"],
         "additionalProperties": False,
         "properties": {
-            "error": {"type": "string", "enum": list(codes)},
+            "type": {"type": "string", "enum": [PROBLEM_TYPE + c for c in codes]},
+            "title": {"type": "string", "description": "the code in words"},
+            "status": {"const": status} if status is not None else {"type": "integer"},
+            "error": {"type": "string", "enum": list(codes), "description": "the stable code"},
             "detail": {"type": "string", "description": "for people; never a principal, key or token"},
         },
     }
@@ -55,8 +59,9 @@ def error_schema(codes: tuple[str, ...]) -> dict[str, Any]:
 def error_responses(
     *codes: str, headers: Mapping[int, Mapping[str, Any]] | None = None
 ) -> dict[int | str, dict[str, Any]]:
-    """The `responses=` entries of a route's refusals, one per status, each naming its codes.
-    A code outside the contracts table and the framework's own is a mistake of the caller."""
+    """The `responses=` entries of a route's refusals, one per status, each naming its codes,
+    each with `X-Request-ID` (and a 401 with its challenge). A code outside the contracts table
+    and the framework's own is a mistake of the caller."""
     by_status: dict[int, list[str]] = {}
     for code in dict.fromkeys(codes):  # a code listed twice is documented once
         status = STATUS.get(code) or FRAMEWORK_CODES.get(code)
@@ -68,10 +73,13 @@ def error_responses(
         listed = tuple(by_status[status])
         entry: dict[str, Any] = {
             "description": f"{_REASONS.get(status, 'refused')}: " + ", ".join(f"`{c}`" for c in listed),
-            "content": {"application/json": {"schema": error_schema(listed)}},
+            "content": {PROBLEM_JSON: {"schema": error_schema(listed, status)}},
         }
-        if headers and status in headers:
-            entry["headers"] = dict(headers[status])
+        entry["headers"] = {
+            **REQUEST_ID,
+            **(BEARER_CHALLENGE if status == 401 else {}),
+            **((headers or {}).get(status) or {}),
+        }
         out[status] = entry
     return out
 
@@ -128,8 +136,22 @@ def _without_framework_422(document: dict[str, Any]) -> None:
     schemas.pop("ValidationError", None)
 
 
+REQUEST_ID = {
+    "X-Request-ID": {
+        "required": True,
+        "description": "the caller's `X-Request-ID` (else `X-Correlation-ID`) when it is 1 to 128 "
+        "visible ASCII characters, else a new id; the id of the request's records",
+        "schema": {"type": "string"},
+    }
+}
+
 BEARER_CHALLENGE = {
-    "WWW-Authenticate": {"description": "`Bearer`", "schema": {"type": "string"}},
+    "WWW-Authenticate": {
+        "description": '`Bearer` when no credential was sent, `Bearer error="invalid_token"` when the '
+        "one sent was refused (RFC 6750)",
+        "required": True,
+        "schema": {"type": "string"},
+    },
 }
 
 _STRINGS = {"type": "array", "items": {"type": "string"}}

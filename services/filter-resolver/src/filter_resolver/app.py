@@ -24,7 +24,12 @@ from dataplane_service_kit.readiness import BrokerMetadata, CachedProbe
 from dataplane_service_kit.telemetry import FASTAPI_TELEMETRY
 from filter_resolver.consumer import PlanRequestConsumer
 from filter_resolver.handlers.http_in_list import HttpInListHandler
-from filter_resolver.handlers.plugins import PluginHandler, load_entry_point_plugins, load_module_plugins
+from filter_resolver.handlers.plugins import (
+    PluginHandler,
+    PluginLoadError,
+    load_entry_point_plugins,
+    load_module_plugins,
+)
 from filter_resolver.handlers.rec_registry import RecRegistryHandler
 from filter_resolver.handlers.table_pointer import TablePointerHandler
 from filter_resolver.metrics import Metrics
@@ -106,8 +111,18 @@ class DatasetsPool:
 
 
 def load_plugins(settings: Settings) -> list[PluginHandler]:
-    """ROW_FILTERS_MODULES (a failure is fatal), then the entry points (RF-09)."""
-    return [*load_module_plugins(settings.row_filters_modules), *load_entry_point_plugins()]
+    """ROW_FILTERS_MODULES (a failure is fatal), then the entry points (RF-09); every name of
+    ROW_FILTERS_PLUGIN_HANDLERS must be among them (GS-08: the gateway accepts a catalogue
+    handler on the strength of that list)."""
+    plugins = [*load_module_plugins(settings.row_filters_modules), *load_entry_point_plugins()]
+    loaded = {p.name for p in plugins}
+    missing = [name for name in settings.row_filters_plugin_handlers if name not in loaded]
+    if missing:
+        raise PluginLoadError(
+            f"ROW_FILTERS_PLUGIN_HANDLERS names {', '.join(repr(m) for m in missing)}, which no loaded "
+            "plugin provides (ROW_FILTERS_MODULES, entry points)"
+        )
+    return plugins
 
 
 def open_runtime(settings: Settings, metrics: Metrics, plugins: list[PluginHandler]) -> Runtime:

@@ -33,6 +33,9 @@ class Settings(HttpSettings, KafkaSettings, RedisSettings, PlanCacheSettings, Oi
 
     # comma-separated module names (not JSON): each exposes ROW_FILTERS or register(registry)
     row_filters_modules: Annotated[tuple[str, ...], NoDecode] = ()
+    # the plugin handler names the gateway's catalogue may use (the same variable the gateway
+    # reads): each must be provided by a loaded plugin, else start-up is refused naming it
+    row_filters_plugin_handlers: Annotated[tuple[str, ...], NoDecode] = ()
 
     # a blip is retried, an outage is reported (docs/row-filters.md, "Two phases")
     resolver_retry_attempts: int = Field(default=3, ge=1, le=10)
@@ -51,7 +54,7 @@ class Settings(HttpSettings, KafkaSettings, RedisSettings, PlanCacheSettings, Oi
     resolver_idle_fetch_max_wait_ms: int | None = Field(default=None, ge=0, le=60_000)
     resolver_idle_after_ms: int = Field(default=2_000, ge=0, le=600_000)
 
-    @field_validator("row_filters_modules", mode="before")
+    @field_validator("row_filters_modules", "row_filters_plugin_handlers", mode="before")
     @classmethod
     def _split_modules(cls, v: Any) -> Any:
         if isinstance(v, str):

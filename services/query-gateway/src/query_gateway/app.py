@@ -16,7 +16,6 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from dataplane_contracts.catalogue import Catalogue, load_catalogue
 from dataplane_service_kit.errors import install_error_handlers
 from dataplane_service_kit.health import ReadinessCheck, health_router
 from dataplane_service_kit.limits import BodyLimit
@@ -24,6 +23,7 @@ from dataplane_service_kit.logs import get_logger
 from dataplane_service_kit.openapi import distribution_version, openapi_document
 from dataplane_service_kit.readiness import CachedProbe
 from dataplane_service_kit.telemetry import FASTAPI_TELEMETRY, ServerSpans
+from query_gateway.catalogue_file import CatalogueRefused, check_catalogue, parse_catalogue
 from query_gateway.connector import ConnectorClient, connector_http, service_tokens
 from query_gateway.disclosure import DisclosurePublisher
 from query_gateway.gateway import Gateway, QueryBody
@@ -31,11 +31,11 @@ from query_gateway.identity import OidcVerifier
 from query_gateway.plan_client import PlanClient
 from query_gateway.pull import PullVerifier
 from query_gateway.pull import flows_pool as flows_pool_of
+from query_gateway.reload import watch_catalogue
 from query_gateway.routes import QueryRoutes, body_refusals, dps_router, query_router
 from query_gateway.settings import GatewaySettings
-from query_gateway.sql import QueryExecutor, load_column_types
+from query_gateway.sql import QueryExecutor
 from query_gateway.sql.execute import datasets_pool
-from query_gateway.sql.exposure import MaskKey, hash_masks
 
 log = get_logger("query_gateway")
 
@@ -47,10 +47,7 @@ class StartupRefused(RuntimeError):
 @contextlib.asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: GatewaySettings = app.state.settings
-    try:
-        catalogue = load_catalogue(settings.catalogue_path)
-    except (OSError, ValueError) as exc:  # pydantic.ValidationError is a ValueError
-        raise StartupRefused(f"catalogue {settings.catalogue_path} refused: {exc}") from None
+    _refuse_early(settings)
     async with contextlib.AsyncExitStack() as stack:
         pool = await datasets_pool(
             settings.datasets_database_url,
@@ -61,9 +58,10 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         )
         stack.push_async_callback(pool.close)
         try:
-            columns = await load_column_types(pool, catalogue)
-        except ValueError as exc:  # CatalogueMismatch (GS-09) names dataset, filter and column
-            raise StartupRefused(f"catalogue refused: {exc}") from None
+            checked = await check_catalogue(settings, pool)
+        except CatalogueRefused as exc:  # GS-09 names dataset, filter and column; GS-08, a handler
+            raise StartupRefused(str(exc)) from None
+        catalogue = checked.catalogue
         redis = aioredis.from_url(
             settings.redis_url,
             socket_connect_timeout=settings.redis_connect_timeout_seconds,
@@ -97,7 +95,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         gw = Gateway(
             settings=settings,
             catalogue=catalogue,
-            columns=columns,
+            columns=checked.columns,
             executor=QueryExecutor(
                 pool,
                 settings.query_statement_timeout_ms,
@@ -112,8 +110,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             connector=ConnectorClient(http, settings, service_tokens(http, settings)),
             disclosures=DisclosurePublisher(producer, settings.audit_publish_timeout_ms),
             pull=pull,
-            mask_key=_mask_key(settings, catalogue),  # refuses start-up without a needed key
+            mask_key=checked.mask_key,
         )
+        watch_catalogue(app.state, pool, checked, stack)  # SIGHUP reloads it
 
         # readiness asks the broker itself (metadata, answer kept 1.5 s), not a flag set at start
         broker = CachedProbe(producer.client.fetch_all_metadata, name="kafka")
@@ -147,20 +146,22 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.checks = checks
         app.state.capabilities = capabilities
         log.info(
-            "query-gateway ready", datasets=len(catalogue.datasets), reply_partition=plans.reply_partition
+            "query-gateway ready",
+            datasets=len(catalogue.datasets),
+            catalogue_digest=checked.digest,
+            reply_partition=plans.reply_partition,
         )
         yield
         app.state.checks = {}
         app.state.capabilities = {}
 
 
-def _mask_key(settings: GatewaySettings, catalogue: Catalogue) -> MaskKey | None:
-    """COLUMN_MASK_KEY, required when the catalogue masks any column by hash."""
-    hashed = hash_masks(catalogue)
-    if hashed and settings.column_mask_key is None:
-        raise StartupRefused(f"COLUMN_MASK_KEY is required: dataset {hashed[0]} masks a column by hash")
-    secret = settings.column_mask_key
-    return MaskKey.of(secret.get_secret_value()) if secret is not None else None
+def _refuse_early(settings: GatewaySettings) -> None:
+    """The database-free checks of the catalogue: a typo is named before any connection opens."""
+    try:
+        parse_catalogue(settings)
+    except CatalogueRefused as exc:
+        raise StartupRefused(str(exc)) from None
 
 
 async def _bounded_stop(producer: AIOKafkaProducer) -> None:
@@ -201,7 +202,9 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.state.capabilities = {}
     # a body that is not JSON at all (invalid UTF-8 among others) is 400 invalid_body: refused
     # before anything reads it, like a NUL or a lone surrogate in the statement
-    install_error_handlers(app, "invalid_request", "invalid_body")
+    install_error_handlers(
+        app, "invalid_request", "invalid_body", expected_fields=tuple(QueryBody.model_fields)
+    )
     # the query routes' plain-ASGI front door (routes.py), in front of everything FastAPI adds:
     # a well-formed request is answered there; what it passes on meets the body limit below
     app.door = QueryRoutes(

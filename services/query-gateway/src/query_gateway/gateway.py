@@ -23,6 +23,7 @@ from query_gateway.disclosure import DisclosurePublisher
 from query_gateway.identity import OidcVerifier
 from query_gateway.layers import LayerRequest, apply_pure
 from query_gateway.plan_client import PlanClient
+from query_gateway.policy import needs_caller
 from query_gateway.pull import PullVerifier
 from query_gateway.settings import GatewaySettings
 from query_gateway.sql import (
@@ -67,9 +68,10 @@ async def _off_loop_if_long(text: str, work: Callable[..., _T], *args: Any) -> _
 
 
 class QueryBody(BaseModel):
-    """`POST /query` (QE-01); the same body on `/dps/public/query` and `/query/plan`."""
+    """`POST /query` (QE-01); the same body on `/dps/public/query` and `/query/plan`. A field
+    it does not know is refused (422 naming it): `{"query": ...}` is a mistake, not a no-op."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     sql: str | None = None
     limit: BigInt = DEFAULT_LIMIT
@@ -101,9 +103,16 @@ class Gateway:
     mask_key: MaskKey | None = None  # COLUMN_MASK_KEY, for the catalogue's `hash` column masks
     entries: dict[str, DatasetEntry] = field(default_factory=dict)
     plugin_binds: dict[str, Binds] = field(default_factory=dict)
+    # some dataset can be read without a bearer: else an anonymous request is refused 401 before
+    # its statement is parsed (what the statement says is no business of an anonymous caller)
+    anonymous_readable: bool = False
 
     def __post_init__(self) -> None:
         self.entries = self.catalogue.by_id()
+        self.anonymous_readable = any(
+            entry.expose and entry.access_level != "secret" and not needs_caller(entry)
+            for entry in self.catalogue.datasets
+        )
         # a plugin is known to this data plane when the catalogue declares it (with its binds)
         for entry in self.catalogue.datasets:
             for spec in (entry.row_filters.person, entry.row_filters.organization):

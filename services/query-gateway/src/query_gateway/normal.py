@@ -19,7 +19,13 @@ LAYERS: tuple[Binds, Binds] = ("person", "organization")
 async def plan_normal(
     gw: Gateway, body: QueryBody, caller: Caller | None, ctx: AccessContext
 ) -> NarrowedQuery:
-    """Everything up to the rewritten statement; every refusal is raised before any handler runs."""
+    """Everything up to the rewritten statement; every refusal is raised before any handler runs.
+    Authentication comes first: without a bearer, when no dataset admits an anonymous caller,
+    the answer is 401 whatever the statement says."""
+    if caller is None and not gw.anonymous_readable:
+        raise ServiceError(
+            "auth_required", "authentication required: no dataset is open to anonymous callers"
+        )
     q = await gw.validate_async(body, ctx)
     entries = [gw.entries[d] for d in q.dataset_ids]
     for entry in entries:

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dataplane_service_kit.openapi import error_responses
+from dataplane_service_kit.openapi import REQUEST_ID, error_responses
 
 
 class QueryPage(BaseModel):
@@ -62,11 +62,11 @@ class QueryPlan(BaseModel):
     )
 
 
-REQUEST_ID = {
-    "X-Request-ID": {
-        "required": True,
-        "description": "the caller's `X-Request-ID` (else `X-Correlation-ID`, else a new id), "
-        "as in the access record",
+LIMIT_CLAMPED = {
+    "X-Limit-Clamped": {
+        "required": False,
+        "description": "present when the page's `limit` is not the one asked for (QE-01: 0 or less "
+        "means 100, above 10 000 means 10 000): the `limit` the request asked for",
         "schema": {"type": "string"},
     }
 }
@@ -77,7 +77,8 @@ TRACE_HEADERS: list[dict[str, Any]] = [
         "name": "X-Request-ID",
         "in": "header",
         "required": False,
-        "description": "names the request in the access record (first 128 characters)",
+        "description": "names the request in the access record and the answer's `X-Request-ID` "
+        "(1 to 128 visible ASCII characters; anything else is replaced by a new id)",
         "schema": {"type": "string"},
     },
     {
@@ -132,8 +133,9 @@ _DATASPACE = (
 )
 
 
-def _ok(model: type[BaseModel], description: str) -> dict[int | str, dict[str, Any]]:
-    return {200: {"model": model, "description": description, "headers": REQUEST_ID}}
+def _ok(model: type[BaseModel], description: str, page: bool = True) -> dict[int | str, dict[str, Any]]:
+    headers = {**REQUEST_ID, **(LIMIT_CLAMPED if page else {})}
+    return {200: {"model": model, "description": description, "headers": headers}}
 
 
 QUERY_RESPONSES = {
@@ -149,7 +151,7 @@ QUERY_RESPONSES = {
     ),
 }
 PLAN_RESPONSES = {
-    **_ok(QueryPlan, "the narrowed statement, nothing executed"),
+    **_ok(QueryPlan, "the narrowed statement, nothing executed", page=False),
     **error_responses(*_BODY, *_STATEMENT, *_FILTERS, *_NORMAL),
 }
 PULL_RESPONSES = {

@@ -12,7 +12,6 @@ framework's rendering exactly."""
 from __future__ import annotations
 
 import re
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Annotated, Any, TypeVar
 
@@ -23,8 +22,9 @@ from opentelemetry import trace
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from dataplane_service_kit.errors import ServiceError, error_response
+from dataplane_service_kit.errors import ServiceError, error_response, validation_detail
 from dataplane_service_kit.logs import get_logger
+from dataplane_service_kit.request_ids import HEADER, from_scope, request_id, with_request_id
 from dataplane_service_kit.telemetry import ServerSpans, answered
 from query_gateway import openapi as api
 from query_gateway.access_log import QUERY_ACTION, TOKEN_ACTION, AccessContext
@@ -36,6 +36,9 @@ from query_gateway.metrics import REQUESTS
 from query_gateway.normal import explain_normal, run_normal
 
 log = get_logger("query_gateway.routes")
+# on a page whose `limit` is not the one asked for (QE-01: <= 0 means 100, above 10 000 means
+# 10 000): the limit the request asked for (docs/gateway.md)
+LIMIT_CLAMPED = "X-Limit-Clamped"
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
 
 T = TypeVar("T")
@@ -43,10 +46,9 @@ Headers = Mapping[str, str]  # lower-case names, the first value of each (as Fas
 Answer = Callable[[Gateway, Headers, QueryBody], Awaitable[Response]]
 
 
-def _context(headers: Headers, method: str, route: str) -> AccessContext:
-    request_id = headers.get("x-request-id") or headers.get("x-correlation-id")
+def _context(headers: Headers, method: str, route: str, rid: str | None = None) -> AccessContext:
     return AccessContext(
-        request_id=(request_id or uuid.uuid4().hex)[:128],
+        request_id=rid or request_id(headers.get("x-request-id") or headers.get("x-correlation-id")),
         trace_id=_trace_id(headers),
         method=method,
         route=route,
@@ -64,21 +66,27 @@ def _trace_id(headers: Headers) -> str | None:
 
 
 async def _guarded(
-    route: str, ctx: AccessContext, run: Callable[[], Awaitable[dict[str, object]]]
+    route: str, ctx: AccessContext, run: Callable[[], Awaitable[dict[str, object]]], asked_limit: int | None
 ) -> Response:
-    """Runs one request: the access records and metrics of its outcome; errors re-raised."""
+    """Runs one request: the access records and metrics of its outcome, the answer or the
+    refusal with the request's id; anything unexpected re-raised."""
     try:
         body = await run()
     except ServiceError as exc:
         ctx.failed(exc.code, exc.status_code)
         REQUESTS.labels(route, str(exc.status_code), exc.code).inc()
-        raise
+        return error_response(exc.code, exc.detail, {**(exc.headers or {}), HEADER: ctx.request_id})
     except Exception:
         ctx.failed("internal_error", 500)
         REQUESTS.labels(route, "500", "internal_error").inc()
         raise
     REQUESTS.labels(route, "200", "").inc()
-    return json_response(body, {"X-Request-ID": ctx.request_id})
+    headers = {HEADER: ctx.request_id}
+    applied = body.get("limit")
+    if asked_limit is not None and applied is not None and applied != asked_limit:
+        # QE-01 clamps the page size silently in the body's `limit`; the header says so
+        headers[LIMIT_CLAMPED] = str(asked_limit)
+    return json_response(body, headers)
 
 
 def json_response(body: dict[str, object], headers: dict[str, str]) -> Response:
@@ -138,12 +146,12 @@ async def answer_query(gw: Gateway, headers: Headers, body: QueryBody) -> Respon
             )
             return await run_dataspace(gw, body, req, ctx)
 
-        return await _guarded("/query", ctx, edr)
+        return await _guarded("/query", ctx, edr, body.limit)
 
     async def normal() -> dict[str, object]:
         return await run_normal(gw, body, await _caller(gw, authorization, ctx), ctx)
 
-    return await _guarded("/query", ctx, normal)
+    return await _guarded("/query", ctx, normal, body.limit)
 
 
 async def answer_plan(gw: Gateway, headers: Headers, body: QueryBody) -> Response:
@@ -152,7 +160,7 @@ async def answer_plan(gw: Gateway, headers: Headers, body: QueryBody) -> Respons
     async def explain() -> dict[str, object]:
         return await explain_normal(gw, body, await _caller(gw, headers.get("authorization"), ctx), ctx)
 
-    return await _guarded("/query/plan", ctx, explain)
+    return await _guarded("/query/plan", ctx, explain, None)
 
 
 async def answer_pull(gw: Gateway, headers: Headers, body: QueryBody) -> Response:
@@ -180,7 +188,7 @@ async def answer_pull(gw: Gateway, headers: Headers, body: QueryBody) -> Respons
         )
         return await run_dataspace(gw, body, req, ctx)
 
-    return await _guarded("/dps/public/query", ctx, pull)
+    return await _guarded("/dps/public/query", ctx, pull, body.limit)
 
 
 def _routes(dps_enabled: bool) -> dict[str, Answer]:
@@ -198,7 +206,8 @@ def body_refusals(dps_enabled: bool) -> Callable[[Scope], None]:
     def refused(scope: Scope) -> None:
         route = scope.get("path", "")
         if route in routes:
-            _context(_headers(scope), scope.get("method", "POST"), route).failed("body_too_large", 413)
+            rid = from_scope(scope)
+            _context(_headers(scope), scope.get("method", "POST"), route, rid).failed("body_too_large", 413)
             REQUESTS.labels(route, "413", "body_too_large").inc()
 
     return refused
@@ -223,10 +232,14 @@ def _json_media(content_type: str | None) -> bool:
     return content_type.partition(";")[0].strip().lower() == "application/json"
 
 
-def _well_formed(raw: bytes, headers: Headers, max_bytes: int | None = None) -> QueryBody | None:
-    """The body as FastAPI would bind it, or None for anything FastAPI would refuse or decide
-    differently (not JSON, an empty body, one over the limit, a JSON value orjson reads
-    otherwise, a field error)."""
+_FIELDS = tuple(QueryBody.model_fields)
+
+
+def _well_formed(raw: bytes, headers: Headers, max_bytes: int | None = None) -> QueryBody | Response | None:
+    """The body as FastAPI would bind it; the refusal of a JSON object whose only fault is a field
+    the body does not take (FastAPI's words: `validation_detail`); None for anything else FastAPI
+    would refuse or decide differently (not JSON, an empty body, one over the limit, a JSON value
+    orjson reads otherwise, a field error)."""
     if not raw or not _json_media(headers.get("content-type")):
         return None
     if max_bytes is not None and len(raw) > max_bytes:
@@ -239,7 +252,10 @@ def _well_formed(raw: bytes, headers: Headers, max_bytes: int | None = None) -> 
         return None
     try:
         return QueryBody.model_validate(value)
-    except ValidationError:
+    except ValidationError as exc:
+        errors = exc.errors()
+        if all(e["type"] == "extra_forbidden" for e in errors):
+            return error_response("invalid_request", validation_detail(errors, _FIELDS))
         return None
 
 
@@ -268,7 +284,7 @@ class QueryRoutes:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         answer = self.routes.get(scope["path"]) if scope["type"] == "http" else None
         if answer is None or scope["method"] != "POST" or self._declared_too_large(scope):
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, with_request_id(send, from_scope(scope)))
             return
         read = await _read_body(receive, self.max_bytes)
         if read is None:
@@ -277,14 +293,17 @@ class QueryRoutes:
         headers = _headers(scope)
         body = None if more else _well_formed(raw, headers, self.max_bytes)
         if body is None:
-            await self.app(scope, _replay(raw, more, receive), send)
+            await self.app(scope, _replay(raw, more, receive), with_request_id(send, from_scope(scope)))
+            return
+        if isinstance(body, Response):  # refused as FastAPI would refuse it
+            await body(scope, _replay(raw, more, receive), with_request_id(send, from_scope(scope)))
             return
         gw: Gateway = (self.state or scope["app"].state).gateway
         route = scope["path"]
         with self.spans.span("POST", route, headers) as span:
             try:
                 response = await answer(gw, headers, body)
-            except ServiceError as exc:
+            except ServiceError as exc:  # not raised by the answers (`_guarded`); a safety net
                 response = error_response(exc.code, exc.detail, exc.headers)
             answered(span, response.status_code)
             await response(scope, receive, send)

@@ -3,9 +3,12 @@ to start naming the variable; it never starts degraded."""
 
 from __future__ import annotations
 
+from typing import Annotated, Any
+
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import NoDecode
 
 from dataplane_contracts.settings import (
     ConnectorSettings,
@@ -26,6 +29,10 @@ class GatewaySettings(
     datasets_database_url: str = Field(min_length=1)
     datasets_pool_max_size: int = Field(default=10, ge=1, le=1000)  # connections to the datasets
     row_filters_resolve_timeout_ms: int = Field(default=20_000, ge=1)
+    # comma-separated names of the plugin handlers the deployment's resolvers load (their
+    # ROW_FILTERS_MODULES and entry points): a catalogue handler neither built in nor listed
+    # here refuses start-up (and a reload), naming it
+    row_filters_plugin_handlers: Annotated[tuple[str, ...], NoDecode] = ()
     audit_publish_timeout_ms: int = Field(default=5_000, ge=1)
     query_statement_timeout_ms: int = Field(default=5_000, ge=1)
     # what an anonymous caller can make the gateway do before any refusal: validating the longest
@@ -60,6 +67,13 @@ class GatewaySettings(
     # the per-deployment key of the catalogue's `hash` column masks (sql/exposure.py); required
     # at start-up when any dataset declares one. Changing it changes every pseudonym
     column_mask_key: SecretStr | None = None
+
+    @field_validator("row_filters_plugin_handlers", mode="before")
+    @classmethod
+    def _split_names(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return tuple(part.strip() for part in v.split(",") if part.strip())
+        return v
 
     @field_validator("column_mask_key")
     @classmethod

@@ -8,6 +8,7 @@ import logging
 from fastapi import Request
 
 from dataplane_service_kit.logs import get_logger
+from dataplane_service_kit.request_ids import from_scope
 
 AUDIT_LOGGER = "dataplane.audit"
 _audit = get_logger(AUDIT_LOGGER)
@@ -36,5 +37,5 @@ def signal_refused(
         client_id=caller,
         method=request.method,
         route=route_template(request),
-        request_id=request.headers.get("x-request-id") or request.headers.get("x-correlation-id"),
+        request_id=from_scope(request.scope),  # the id the answer carries (X-Request-ID)
     )

@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import Response
 from pydantic import BaseModel
 
-from dataplane_service_kit.openapi import BEARER_CHALLENGE, error_responses
+from dataplane_service_kit.openapi import BEARER_CHALLENGE, REQUEST_ID, error_responses
 
 SECURITY_SCHEMES = {
     "controlPlane": {
@@ -37,7 +37,7 @@ def signal(
     description: str | None = None,
 ) -> dict[str, Any]:
     """The route decorator's documentation arguments of one signal."""
-    answer: dict[str, Any] = {"description": ok_description}
+    answer: dict[str, Any] = {"description": ok_description, "headers": REQUEST_ID}
     kwargs: dict[str, Any] = {}
     if ok is not None:
         answer["model"] = ok
@@ -110,7 +110,7 @@ def token_route() -> dict[str, Any]:
         "access token. Answered with `Cache-Control: no-store`.",
         "response_model": RenewedTokensBody,
         "responses": {
-            200: {"description": "a new token pair"},
+            200: {"description": "a new token pair", "headers": REQUEST_ID},
             **error_responses(*TOKEN, headers={401: BEARER_CHALLENGE}),
         },
         "openapi_extra": {

@@ -31,7 +31,6 @@ CLIENT_JWT_ALGORITHMS = ["ES256"]
 # a client JWT may live at most this long (the replay store keeps its id that long)
 MAX_CLIENT_JWT_LIFETIME_S = 3600
 CLOCK_LEEWAY_S = 30
-_BEARER = {"WWW-Authenticate": "Bearer"}
 
 
 @dataclass(frozen=True)
@@ -51,7 +50,7 @@ class RenewedTokens:
 
 
 def _client_invalid(detail: str) -> ServiceError:
-    return ServiceError("client_jwt_invalid", detail, _BEARER)
+    return ServiceError("client_jwt_invalid", detail)
 
 
 def _single(aud: object) -> str | None:
@@ -108,9 +107,7 @@ class TokenRenewal:
         try:
             key = await self._resolver.key(kid)
         except DidUnresolvable:
-            raise ServiceError(
-                "client_did_unresolvable", "the client's DID cannot be resolved", _BEARER
-            ) from None
+            raise ServiceError("client_did_unresolvable", "the client's DID cannot be resolved") from None
         except KeyNotFound:
             raise _client_invalid("the DID document has no such key") from None
         try:
@@ -161,7 +158,7 @@ class TokenRenewal:
         flow is then locked and read again, so a signal committed meanwhile decides."""
         refresh_token = self._form(form)
         if not client_jwt:
-            raise ServiceError("client_auth_required", "renewal requires the client's bearer JWT", _BEARER)
+            raise ServiceError("client_auth_required", "renewal requires the client's bearer JWT")
         did, kid = self._unverified(client_jwt)
         digest = refresh_hash(refresh_token)
         async with self._engine.connect() as conn:
@@ -169,9 +166,7 @@ class TokenRenewal:
         if seen is None or seen[0].state is not FlowState.STARTED:
             raise ServiceError("refresh_token_invalid", "the refresh token is not live")
         if did != seen[0].counter_party_id:
-            raise ServiceError(
-                "client_not_counter_party", "the client is not this flow's counter-party", _BEARER
-            )
+            raise ServiceError("client_not_counter_party", "the client is not this flow's counter-party")
         client = await self._client(client_jwt, did, kid)
         identified(did)  # verified: the audit record names the client from here on
         async with self._engine.begin() as conn:
@@ -180,14 +175,12 @@ class TokenRenewal:
                 raise ServiceError("refresh_token_invalid", "the refresh token is not live")
             flow, pair = found
             if _single(client["aud"]) != flow.participant_id:
-                raise ServiceError(
-                    "client_audience", "the client JWT is not addressed to this provider", _BEARER
-                )
+                raise ServiceError("client_audience", "the client JWT is not addressed to this provider")
             if self._presented_access_id(client["token"]) != pair.access_id:
                 raise _client_invalid("the token claim is not the access token of this refresh token")
             expires = datetime.fromtimestamp(client["exp"] + CLOCK_LEEWAY_S, UTC)
             if not await repository.remember_client_jti(conn, did, client["jti"], expires):
-                raise ServiceError("client_jwt_replayed", "this client JWT was used before", _BEARER)
+                raise ServiceError("client_jwt_replayed", "this client JWT was used before")
             new = self._signer.issue_pair(
                 flow.id, flow.participant_id, flow.counter_party_id, flow.dataset_id, flow.agreement_id
             )

@@ -34,8 +34,6 @@ from signaling import openapi as api
 from signaling.oidc import InvalidToken
 from signaling.state import Dps, app_state, dps_state
 
-_BEARER = {"WWW-Authenticate": "Bearer"}
-
 
 async def authenticate(request: Request) -> str:
     """DPS-02: a valid bearer from the configured issuer, whose azp (else client_id) is admitted."""
@@ -43,11 +41,11 @@ async def authenticate(request: Request) -> str:
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
-        raise ServiceError("no_token", "signalling requires a bearer token", _BEARER)
+        raise ServiceError("no_token", "signalling requires a bearer token")
     try:
         claims = await dps.verifier.verify(token.strip())
     except InvalidToken:
-        raise ServiceError("invalid_token", "signalling token is not valid", _BEARER) from None
+        raise ServiceError("invalid_token", "signalling token is not valid") from None
     client = claims.get("azp") or claims.get("client_id")
     if isinstance(client, str):
         request.state.caller = client  # named in the access record from here on
