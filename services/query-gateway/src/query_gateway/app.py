@@ -31,9 +31,12 @@ from query_gateway.identity import OidcVerifier
 from query_gateway.plan_client import PlanClient
 from query_gateway.pull import PullVerifier
 from query_gateway.pull import flows_pool as flows_pool_of
+from query_gateway.records.cursor import CursorCodec
+from query_gateway.records.routes import install_profile_errors, records_router
+from query_gateway.records.startup import check_records, records_declared
 from query_gateway.routes import QueryRoutes, body_refusals, dps_router, query_router
 from query_gateway.settings import GatewaySettings
-from query_gateway.sql import QueryExecutor, load_column_types
+from query_gateway.sql import ColumnTypes, QueryExecutor, load_column_types
 from query_gateway.sql.execute import datasets_pool
 from query_gateway.sql.exposure import MaskKey, hash_masks
 
@@ -60,10 +63,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             connect_timeout_s=settings.database_acquire_timeout_ms / 1000,
         )
         stack.push_async_callback(pool.close)
-        try:
-            columns = await load_column_types(pool, catalogue)
-        except ValueError as exc:  # CatalogueMismatch (GS-09) names dataset, filter and column
-            raise StartupRefused(f"catalogue refused: {exc}") from None
+        columns = await _checked_columns(pool, catalogue)
+        app.state.cursor_codec = _cursor_codec(settings, catalogue)
         redis = aioredis.from_url(
             settings.redis_url,
             socket_connect_timeout=settings.redis_connect_timeout_seconds,
@@ -163,6 +164,25 @@ def _mask_key(settings: GatewaySettings, catalogue: Catalogue) -> MaskKey | None
     return MaskKey.of(secret.get_secret_value()) if secret is not None else None
 
 
+async def _checked_columns(pool: asyncpg.Pool, catalogue: Catalogue) -> ColumnTypes:
+    """The tables' column types, once the catalogue agrees with them (GS-09, records)."""
+    try:
+        columns = await load_column_types(pool, catalogue)
+        await check_records(pool, catalogue, columns)
+    except ValueError as exc:  # CatalogueMismatch (GS-09) names dataset, filter and column
+        raise StartupRefused(f"catalogue refused: {exc}") from None
+    return columns
+
+
+def _cursor_codec(settings: GatewaySettings, catalogue: Catalogue) -> CursorCodec | None:
+    """RECORDS_CURSOR_SECRET, required on a DPS gateway whose catalogue declares records."""
+    declared = records_declared(catalogue)
+    secret = settings.records_cursor_secret
+    if settings.dps_enabled and declared and secret is None:
+        raise StartupRefused(f"RECORDS_CURSOR_SECRET is required: dataset {declared[0]} declares records")
+    return CursorCodec(secret.get_secret_value().encode()) if secret is not None else None
+
+
 async def _bounded_stop(producer: AIOKafkaProducer) -> None:
     # a broker that is gone must not hold the shutdown: unsent events are the safe direction
     with contextlib.suppress(Exception, asyncio.CancelledError):
@@ -199,9 +219,11 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.state.settings = settings
     app.state.checks = {}
     app.state.capabilities = {}
+    app.state.cursor_codec = None
     # a body that is not JSON at all (invalid UTF-8 among others) is 400 invalid_body: refused
     # before anything reads it, like a NUL or a lone surrogate in the statement
     install_error_handlers(app, "invalid_request", "invalid_body")
+    install_profile_errors(app)  # the records routes' 400 invalid_request (docs/records.md)
     # the query routes' plain-ASGI front door (routes.py), in front of everything FastAPI adds:
     # a well-formed request is answered there; what it passes on meets the body limit below
     app.door = QueryRoutes(
@@ -234,4 +256,5 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(query_router())
     if settings.dps_enabled:  # DPS-01: the pull route exists only on a DPS data plane
         app.include_router(dps_router())
+        app.include_router(records_router())
     return app

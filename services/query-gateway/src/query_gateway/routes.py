@@ -33,6 +33,8 @@ from query_gateway.gateway import Gateway, QueryBody
 from query_gateway.identity import Caller, bearer
 from query_gateway.metrics import REQUESTS
 from query_gateway.normal import explain_normal, run_normal
+from query_gateway.records.frozen import frozen_of
+from query_gateway.records.request import RequestRefused, has_filter
 
 log = get_logger("query_gateway.routes")
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
@@ -160,6 +162,8 @@ async def answer_pull(gw: Gateway, headers: Headers, body: QueryBody) -> Respons
             headers.get("edc-contract-agreement-id", "").strip() or None,
             identified,
         )
+        if grant.grant_extensions is not None:
+            frozen_of(grant)  # a malformed frozen filter set refuses the grant (docs/records.md)
         req = DataspaceRequest(
             consumer=grant.consumer,
             provider=grant.provider,
@@ -257,7 +261,12 @@ class QueryRoutes:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         answer = self.routes.get(scope["path"]) if scope["type"] == "http" else None
-        if answer is None or scope["method"] != "POST" or self._declared_too_large(scope):
+        if (
+            answer is None
+            or scope["method"] != "POST"
+            or self._declared_too_large(scope)
+            or has_filter(scope.get("query_string", b""))  # refused by the framework's route
+        ):
             await self.app(scope, receive, send)
             return
         read = await _read_body(receive, self.max_bytes)
@@ -394,6 +403,14 @@ def dps_router() -> APIRouter:
         edc_transfer_process_id: TransferHeader = None,
         edc_purpose: PurposeHeader = None,
     ) -> Response:
+        if has_filter(request.scope.get("query_string", b"")):
+            # a client range filter belongs to the records route only (docs/records.md)
+            raise RequestRefused("client filters are taken by the records route only")
         return await answer_pull(request.app.state.gateway, _request_headers(request), body)
 
     return router
+
+
+# the records routes (query_gateway.records.routes) run under the same access records and metrics
+context = _context
+guarded = _guarded

@@ -25,6 +25,7 @@ from dataplane_service_kit.openapi import distribution_version, openapi_document
 from dataplane_service_kit.telemetry import FASTAPI_TELEMETRY
 from signaling import audit, metrics
 from signaling.callbacks import ControlPlaneClient
+from signaling.catalogue import CatalogueSource
 from signaling.did_web import DidWebResolver
 from signaling.flows import FlowService
 from signaling.migrate import check_at_head
@@ -65,6 +66,7 @@ def _build_dps(settings: Settings, state: AppState) -> Dps:
             list(settings.dps_transfer_types),
             on_commit=on_commit,
             refresh_endpoint=settings.refresh_endpoint(),
+            catalogue=CatalogueSource(settings.catalogue_path) if settings.catalogue_path else None,
         ),
         verifier=JwtVerifier(
             state.http,
