@@ -81,6 +81,8 @@ class RecordsWorld:
     flows_url: str
     catalogue_path: Path  # signaling's copy
     cp_token: str
+    datasets_url: str
+    public_pem: str  # signaling's token key, as the gateway verifies with it
 
     def declare(self, catalogue: dict[str, Any]) -> None:
         """Signaling's catalogue as it is from now on (read again on the next start)."""
@@ -104,6 +106,17 @@ class RecordsWorld:
         )
         assert r.status_code == 200, r.text
         return flow, signaling_support.token_of(r.json())
+
+    async def signal(self, flow: str, signal: str, body: dict[str, Any] | None = None) -> str | None:
+        """A transition signalled by the control plane; the new pull token, if one was issued."""
+        r = await self.signaling.post(
+            f"{signaling_support.FLOWS}/{flow}/{signal}",
+            json=body or {},
+            headers=signaling_support.auth(self.cp_token),
+        )
+        assert r.status_code in (200, 204), r.text
+        body = r.json() if r.content else {}
+        return signaling_support.token_of(body) if body.get("dataAddress") else None
 
     async def set_extensions(self, flow: str, extensions: object) -> None:
         """The flow's stored grant extensions replaced: a grant signaling would never issue."""
@@ -181,7 +194,9 @@ async def records_world(world: World, postgres_url: str, directory: Path) -> Asy
                 records_cursor_secret=CURSOR_SECRET,
             )
             async with signaling_support.run_app(values) as sig, running_gateway(settings) as gw:
-                yield RecordsWorld(gw, sig.client, flows_url, sig_catalogue, cp_token)
+                yield RecordsWorld(
+                    gw, sig.client, flows_url, sig_catalogue, cp_token, datasets_url, _public_pem(key)
+                )
     finally:
         name = flows_url.rpartition("/")[2]
         await signaling_support.sql(postgres_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -50,7 +50,9 @@ async def _send(rw: RecordsWorld, token: str, request: dict[str, Any]) -> Any:
 
 
 @pytest.mark.parametrize("vector", VECTORS["vectors"], ids=[v["id"] for v in VECTORS["vectors"]])
-async def test_client_range_filter_vector(rw: RecordsWorld, ds: DsConnectorDouble, vector: dict[str, Any]) -> None:
+async def test_client_range_filter_vector(
+    rw: RecordsWorld, ds: DsConnectorDouble, vector: dict[str, Any]
+) -> None:
     fixture = vector["fixture"]
     declared = fixture.get("declaration")
     rw.declare(declaration(drop=True) if declared == "no-records" else declaration(declared))
