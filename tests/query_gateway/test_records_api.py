@@ -6,7 +6,6 @@ and the start-up refusals."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -20,7 +19,6 @@ from records_support import (
     consent_policy,
     declaration,
     keys_of,
-    records_world,
     signaling_support,
 )
 
@@ -28,14 +26,6 @@ from dataplane_local.doubles.ds_connector import DsConnectorDouble
 from query_gateway.app import StartupRefused
 
 AMOUNT_GTE_LTE = {"amount": {"type": "number", "ops": ["gte", "lte"]}}
-
-
-@pytest.fixture(scope="module")
-async def rw(
-    world: World, postgres_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[RecordsWorld]:
-    async with records_world(world, postgres_url, tmp_path_factory.mktemp("records")) as running:
-        yield running
 
 
 @pytest.fixture

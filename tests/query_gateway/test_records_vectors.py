@@ -5,26 +5,16 @@ outcome compared exactly (status and code, or the exact record keys)."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from gateway_support import World
-from records_support import RecordsWorld, consent_policy, declaration, records_world
+from records_support import RecordsWorld, consent_policy, declaration
 
 from dataplane_local.doubles.ds_connector import DsConnectorDouble
 
 VECTORS = json.loads(Path(__file__).with_name("vectors").joinpath("client-range-filters.json").read_text())
 PULL_SQL = {"sql": "SELECT id FROM transactions ORDER BY id"}
-
-
-@pytest.fixture(scope="module")
-async def rw(
-    world: World, postgres_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[RecordsWorld]:
-    async with records_world(world, postgres_url, tmp_path_factory.mktemp("vectors")) as running:
-        yield running
 
 
 def test_every_resource_server_requirement_is_named_by_a_vector() -> None:

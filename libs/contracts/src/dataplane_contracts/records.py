@@ -26,18 +26,19 @@ RANGE_TYPES: tuple[str, ...] = get_args(RangeType)
 START_METADATA_KEY = "pdpp_range_filters"
 
 
+def _distinct(values: list[Any], what: str) -> list[Any]:
+    if len(set(values)) != len(values):
+        raise ValueError(f"{what} lists a value more than once")
+    return values
+
+
 class RangeFilterSpec(ContractModel):
     """One declared range filter: its type and the operators offered on it."""
 
     type: RangeType
     ops: list[RangeOp] = Field(min_length=1)
 
-    @field_validator("ops")
-    @classmethod
-    def _once(cls, v: list[RangeOp]) -> list[RangeOp]:
-        if len(set(v)) != len(v):
-            raise ValueError("ops lists an operator more than once")
-        return v
+    _ops_once = field_validator("ops")(lambda v: _distinct(v, "ops"))
 
 
 class RecordsSpec(ContractModel):
@@ -47,12 +48,7 @@ class RecordsSpec(ContractModel):
     key: list[StrictStr] = Field(min_length=1)
     range_filters: dict[StrictStr, RangeFilterSpec] = Field(default_factory=dict)
 
-    @field_validator("key")
-    @classmethod
-    def _key_once(cls, v: list[str]) -> list[str]:
-        if len(set(v)) != len(v):
-            raise ValueError("records.key lists a column more than once")
-        return v
+    _key_once = field_validator("key")(lambda v: _distinct(v, "records.key"))
 
 
 def freeze(dataset_id: str, records: RecordsSpec | None) -> dict[str, Any] | None:
