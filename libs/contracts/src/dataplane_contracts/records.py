@@ -82,8 +82,8 @@ def _object(value: object, what: str) -> dict[str, Any]:
 
 
 def read_frozen(extensions: str | dict[str, Any] | None, dataset_id: str) -> dict[str, FrozenField] | None:
-    """The flow's frozen set for its dataset, validated (§4.4 of the profile as
-    docs/records.md restates it); None when the grant carries no member. Unknown members of the
+    """The flow's frozen set for its dataset, validated (docs/records.md, "The frozen set");
+    None when the grant carries no member. Unknown members of the
     profile value and of a field descriptor are ignored. Raises FrozenSetInvalid."""
     if extensions is None:
         return None

@@ -1,4 +1,4 @@
-"""A records request's query string read by the rules of docs/records.md ("The request"): the
+"""A records request's query string read by the rules of docs/records.md, "The request": the
 exact form `filter[field][op]=value`, each pair at most once, `limit` and `cursor` at most once,
 and nothing else. Every refusal here is 400 invalid_request — said before anything about the
 grant or the dataset is consulted."""
