@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import asyncpg
 import httpx
 import pytest
 import yaml
@@ -252,3 +253,31 @@ async def test_records_a_dps_gateway_declaring_records_needs_a_cursor_secret(
 
 def _datasets_url(rw: RecordsWorld) -> str:
     return rw.datasets_url
+
+
+async def test_records_rows_outside_the_grant_change_nothing_in_the_answer(
+    rw: RecordsWorld, ds: DsConnectorDouble
+) -> None:
+    """Pages, has_more and the cursor come from the permitted, filtered rows: a record of a
+    subject who gave no consent, inside the filter's range and after the last permitted key,
+    leaves every byte of both pages as it was (the last page still says no more)."""
+    rw.declare(declaration())
+    ds.set_policy(consent_policy(["s1"]))
+    _, token = await rw.start()
+    query = [("filter[amount][gte]", "0"), ("limit", "2")]
+
+    async def both_pages() -> tuple[httpx.Response, httpx.Response]:
+        first = await rw.records(token, query)
+        return first, await rw.records(token, [*query, ("cursor", first.json()["next_cursor"])])
+
+    before = await both_pages()
+    conn = await asyncpg.connect(rw.datasets_url)
+    try:
+        await conn.execute("INSERT INTO transactions (id, subject, amount) VALUES (150, 's2', 0.25)")
+        after = await both_pages()
+    finally:
+        await conn.execute("DELETE FROM transactions WHERE id = 150")
+        await conn.close()
+    assert [keys_of(r) for r in after] == [[1, 2], [3, 7]]
+    assert after[1].json()["has_more"] is False
+    assert [r.content for r in before] == [r.content for r in after]

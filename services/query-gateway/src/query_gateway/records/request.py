@@ -43,7 +43,10 @@ def _pairs(query_string: bytes) -> list[tuple[str, str]]:
 
 
 def has_filter(query_string: bytes) -> bool:
-    """Whether any parameter of the query string is a client filter (any form)."""
+    """Whether any parameter of the query string is a client filter (any form). The common
+    case, no query string or one that cannot spell `filter` even percent-encoded, parses nothing."""
+    if b"filter" not in query_string and b"%" not in query_string:
+        return False
     try:
         pairs = parse_qsl(query_string.decode("latin-1"), keep_blank_values=True)
     except ValueError:
