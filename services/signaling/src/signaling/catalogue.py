@@ -8,6 +8,8 @@ import os
 import threading
 from typing import Any
 
+import yaml
+
 from dataplane_contracts.catalogue import Catalogue, load_catalogue
 from dataplane_contracts.records import START_METADATA_KEY, freeze
 from dataplane_service_kit.errors import ServiceError
@@ -43,7 +45,7 @@ class CatalogueSource:
             try:
                 if self._signature() != self._stamp:
                     self._catalogue = self._load()
-            except (OSError, ValueError) as exc:
+            except (OSError, ValueError, yaml.YAMLError) as exc:
                 log.warning("catalogue_unreadable", error=type(exc).__name__)
                 raise ServiceError("not_ready", "the catalogue cannot be read now") from None
             return self._catalogue
