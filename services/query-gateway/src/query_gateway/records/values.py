@@ -51,8 +51,9 @@ def _number(value: str, integer: bool) -> tuple[str, str]:
         raise _invalid(kind)
     if integer and d != d.to_integral_value():
         raise _invalid(kind)
-    plain = format(d, "f")
-    return plain, format(d.normalize(), "f") if d else "0"
+    plain = format(d, "f")  # exact: no context precision applies to formatting
+    canonical = plain.rstrip("0").rstrip(".") if "." in plain else plain
+    return plain, "0" if canonical in ("-0", "0", "") else canonical
 
 
 def _date(value: str) -> tuple[str, str]:
