@@ -214,6 +214,7 @@ def test_dps13_the_pull_grant_view_contract() -> None:
         "dataset_id",
         "participant_id",
         "counter_party_id",
+        "grant_extensions",  # the frozen client range filters (docs/records.md)
     )
 
 

@@ -39,6 +39,7 @@ from gateway_support import (
     running_gateway,
     scratch_database,
 )
+from records_support import RecordsWorld, records_world
 
 
 @pytest.fixture(scope="session")
@@ -158,3 +159,13 @@ async def pull_client(world: World, flows_url: str) -> AsyncIterator[httpx.Async
     )
     async with running_gateway(settings) as client:
         yield client
+
+
+@pytest.fixture(scope="module")
+async def rw(
+    world: World, postgres_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[RecordsWorld]:
+    """The records API's world (records_support): signaling and a DPS gateway over one flows
+    database, a datasets database of transactions."""
+    async with records_world(world, postgres_url, tmp_path_factory.mktemp("records")) as running:
+        yield running

@@ -139,7 +139,8 @@ def pull_token(jti: str, aud: str = CONSUMER, iss: str = PROVIDER, key: Any = KE
 # the pull-grant view in the shape signaling publishes it
 PULL_GRANTS_DDL = (
     "CREATE TABLE dps_pull_grants (token_id text PRIMARY KEY, flow_id text, state text,"
-    " agreement_id text, dataset_id text, participant_id text, counter_party_id text)"
+    " agreement_id text, dataset_id text, participant_id text, counter_party_id text,"
+    " grant_extensions text)"
 )
 
 

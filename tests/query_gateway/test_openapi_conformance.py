@@ -38,7 +38,11 @@ ROUTES = {
     ("POST", "/query"),
     ("POST", "/query/plan"),
     ("POST", "/dps/public/query"),
+    ("GET", "/dps/public/streams/{dataset}"),
+    ("GET", "/dps/public/streams/{dataset}/records"),
+    ("GET", "/.well-known/oauth-protected-resource"),
 }
+DPS_ONLY = {(m, p) for m, p in ROUTES if p.startswith(("/dps/", "/.well-known/"))}
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +99,16 @@ async def test_schemathesis_finds_no_5xx_and_no_undocumented_answer(
     ):
         answer = conformance.call_checked(ops[key], headers=headers, body=body)
         assert answer.status_code == 200, (key, answer.text)
+    pull = {"Authorization": f"Bearer {pull_token(jti)}"}
+    stream = conformance.call_checked(
+        ops["GET /dps/public/streams/{dataset}"], headers=pull, path_parameters={"dataset": "stats"}
+    )
+    assert stream.status_code == 200, stream.text
+    not_records = conformance.call_checked(
+        ops["GET /dps/public/streams/{dataset}/records"], headers=pull, path_parameters={"dataset": "stats"}
+    )
+    assert not_records.status_code == 403, not_records.text  # stats declares no records
+    assert conformance.call_checked(ops["GET /.well-known/oauth-protected-resource"]).status_code == 200
     sent = sum(conformance.run_operation(op) for op in ops.values())
     assert sent >= len(ops)
 
@@ -104,6 +118,4 @@ async def test_dps01_without_dps_the_document_has_no_pull_route(world: World) ->
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
         document = (await client.get("/openapi.json")).json()
-    assert {(m.upper(), p) for p, ops in document["paths"].items() for m in ops} == ROUTES - {
-        ("POST", "/dps/public/query")
-    }
+    assert {(m.upper(), p) for p, ops in document["paths"].items() for m in ops} == ROUTES - DPS_ONLY

@@ -51,6 +51,7 @@ async def test_dps13_the_tables_have_the_reference_columns_and_no_credential_col
         "refresh_hash",  # the http-pull refresh token's SHA-256, never the token
         "pending_token_id",  # a renewal's pair until first used: an id and a hash
         "pending_refresh_hash",
+        "grant_extensions",  # the frozen range filters: field names and operators, no credential
     ]
     assert await _columns(flows_db, "dps_control_planes") == [
         "controlplane_id",

@@ -12,6 +12,7 @@ import yaml
 from pydantic import Field, StrictBool, StrictStr, field_validator, model_validator
 
 from dataplane_contracts.base import ContractModel
+from dataplane_contracts.records import RecordsSpec
 
 Binds = Literal["person", "organization"]
 AccessLevel = Literal["open", "internal", "restricted", "secret"]
@@ -90,6 +91,8 @@ class DatasetEntry(ContractModel):
     row_filters: RowPolicy = Field(default_factory=RowPolicy)
     # None: every column of the table, unmasked (catalogues written before column exposure)
     columns: list[ColumnSpec] | None = Field(default=None, min_length=1)
+    # the records API (docs/records.md): record key and range filters; None: no records route
+    records: RecordsSpec | None = None
 
     @field_validator("columns", mode="before")
     @classmethod
@@ -116,6 +119,25 @@ class DatasetEntry(ContractModel):
         if not _IDENT.fullmatch(v):
             raise ValueError("table must be [schema.]name")
         return v
+
+    @model_validator(mode="after")
+    def _records_exposed(self) -> DatasetEntry:
+        """The record key and every range-filter field are exposed, unmasked columns: a page's
+        order and a filter may only use values the consumer reads anyway (no probing of a hidden
+        or masked value)."""
+        if self.records is None:
+            return self
+        names = {c.name for c in self.columns} if self.columns is not None else None
+        for role, fields in (
+            ("records.key", self.records.key),
+            ("records.range_filters", self.records.range_filters),
+        ):
+            for name in fields:
+                if names is not None and name not in names:
+                    raise ValueError(f"dataset {self.id}: {role} field {name} is not an exposed column")
+                if name in self.masks:
+                    raise ValueError(f"dataset {self.id}: {role} field {name} is a masked column")
+        return self
 
     @model_validator(mode="after")
     def _binds_agree(self) -> DatasetEntry:

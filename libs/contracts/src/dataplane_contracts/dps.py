@@ -348,6 +348,9 @@ PULL_GRANT_COLUMNS: tuple[str, ...] = (
     "dataset_id",
     "participant_id",
     "counter_party_id",
+    # the flow's grant extensions as JSON text, or NULL: the frozen client range filters
+    # (dataplane_contracts.records, docs/records.md)
+    "grant_extensions",
 )
 DEFAULT_PULL_GRANT_ROLE = "dataplane_pull_reader"
 PULL_TOKEN_USED_FUNCTION = "dps_pull_token_used"

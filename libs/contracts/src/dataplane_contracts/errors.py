@@ -20,6 +20,7 @@ ErrorCode = Literal[
     "body_too_large",
     "invalid_body",
     "invalid_request",
+    "invalid_cursor",
     "auth_required",
     "invalid_token",
     "provider_not_served",
@@ -42,6 +43,7 @@ ErrorCode = Literal[
     "row_filter_unenforceable",
     "flow_not_started",
     "agreement_mismatch",
+    "grant_invalid",
     "no_token",
     "client_not_admitted",
     "unsupported_transfer_type",
@@ -76,7 +78,8 @@ STATUS: dict[str, int] = {
     "invalid_text": 400,  # a lone surrogate or a NUL: text PostgreSQL cannot take
     "body_too_large": 413,
     "invalid_body": 400,  # not a JSON document: invalid UTF-8, or not JSON at all
-    "invalid_request": 422,
+    "invalid_request": 422,  # 400 on the records routes, as the range-filter profile fixes it
+    "invalid_cursor": 400,  # a records cursor tampered with, or presented with another filter set
     "auth_required": 401,
     "invalid_token": 401,
     "provider_not_served": 401,
@@ -100,6 +103,7 @@ STATUS: dict[str, int] = {
     "row_filter_unenforceable": 403,
     "flow_not_started": 403,
     "agreement_mismatch": 403,
+    "grant_invalid": 403,  # a flow's frozen range-filter set malformed, or one it asks for unevaluable
     "client_not_admitted": 403,
     "unsupported_transfer_type": 400,
     "data_address_not_allowed": 400,

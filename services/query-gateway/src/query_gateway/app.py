@@ -16,6 +16,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from dataplane_contracts.catalogue import Catalogue
 from dataplane_service_kit.errors import install_error_handlers
 from dataplane_service_kit.health import ReadinessCheck, health_router
 from dataplane_service_kit.limits import BodyLimit
@@ -31,6 +32,9 @@ from query_gateway.identity import OidcVerifier
 from query_gateway.plan_client import PlanClient
 from query_gateway.pull import PullVerifier
 from query_gateway.pull import flows_pool as flows_pool_of
+from query_gateway.records.cursor import CursorCodec
+from query_gateway.records.routes import install_profile_errors, records_router
+from query_gateway.records.startup import records_declared
 from query_gateway.reload import watch_catalogue
 from query_gateway.routes import QueryRoutes, body_refusals, dps_router, query_router
 from query_gateway.settings import GatewaySettings
@@ -62,6 +66,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         except CatalogueRefused as exc:  # GS-09 names dataset, filter and column; GS-08, a handler
             raise StartupRefused(str(exc)) from None
         catalogue = checked.catalogue
+        app.state.cursor_codec = _cursor_codec(settings, catalogue)
         redis = aioredis.from_url(
             settings.redis_url,
             socket_connect_timeout=settings.redis_connect_timeout_seconds,
@@ -164,6 +169,15 @@ def _refuse_early(settings: GatewaySettings) -> None:
         raise StartupRefused(str(exc)) from None
 
 
+def _cursor_codec(settings: GatewaySettings, catalogue: Catalogue) -> CursorCodec | None:
+    """RECORDS_CURSOR_SECRET, required on a DPS gateway whose catalogue declares records."""
+    declared = records_declared(catalogue)
+    secret = settings.records_cursor_secret
+    if settings.dps_enabled and declared and secret is None:
+        raise StartupRefused(f"RECORDS_CURSOR_SECRET is required: dataset {declared[0]} declares records")
+    return CursorCodec(secret.get_secret_value().encode()) if secret is not None else None
+
+
 async def _bounded_stop(producer: AIOKafkaProducer) -> None:
     # a broker that is gone must not hold the shutdown: unsent events are the safe direction
     with contextlib.suppress(Exception, asyncio.CancelledError):
@@ -200,11 +214,13 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.state.settings = settings
     app.state.checks = {}
     app.state.capabilities = {}
+    app.state.cursor_codec = None
     # a body that is not JSON at all (invalid UTF-8 among others) is 400 invalid_body: refused
     # before anything reads it, like a NUL or a lone surrogate in the statement
     install_error_handlers(
         app, "invalid_request", "invalid_body", expected_fields=tuple(QueryBody.model_fields)
     )
+    install_profile_errors(app)  # the records routes' 400 invalid_request (docs/records.md)
     # the query routes' plain-ASGI front door (routes.py), in front of everything FastAPI adds:
     # a well-formed request is answered there; what it passes on meets the body limit below
     app.door = QueryRoutes(
@@ -237,4 +253,5 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(query_router())
     if settings.dps_enabled:  # DPS-01: the pull route exists only on a DPS data plane
         app.include_router(dps_router())
+        app.include_router(records_router())
     return app

@@ -14,6 +14,7 @@ import asyncpg
 import yaml
 
 from dataplane_contracts.catalogue import HANDLER_BINDS, Catalogue
+from query_gateway.records.startup import check_records
 from query_gateway.settings import GatewaySettings
 from query_gateway.sql import ColumnTypes, load_column_types
 from query_gateway.sql.exposure import MaskKey, hash_masks
@@ -78,6 +79,7 @@ async def check_catalogue(settings: GatewaySettings, pool: asyncpg.Pool) -> Chec
     catalogue, digest = parse_catalogue(settings)
     try:
         columns = await load_column_types(pool, catalogue)
+        await check_records(pool, catalogue, columns)  # docs/records.md, the declaration
     except ValueError as exc:  # CatalogueMismatch (GS-09) names dataset, filter and column
         raise CatalogueRefused(f"catalogue refused: {exc}") from None
     return CheckedCatalogue(catalogue, columns, mask_key_for(settings, catalogue), digest)

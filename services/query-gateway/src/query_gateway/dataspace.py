@@ -19,6 +19,7 @@ from query_gateway.access_log import AccessContext
 from query_gateway.gateway import Gateway, QueryBody, page_body
 from query_gateway.layers import REFUSES_DELEGATION, LayerRequest, apply_pure
 from query_gateway.policy import check_available, is_allow_all
+from query_gateway.sql import NarrowedQuery, ValidatedQuery
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,34 @@ async def run_dataspace(
     ctx.sub = ctx.client_id = req.consumer
     ctx.agreement_id = req.agreement_id
     q = await gw.validate_async(body, ctx)
+    granted = await narrow_for_dataspace(gw, q, req, ctx)
+    page = await gw.execute(granted.narrowed, body, dataspace=True)
+    await granted.disclose(gw, req, page.count)
+    ctx.succeeded()
+    return page_body(page)
+
+
+@dataclass(frozen=True)
+class Granted:
+    """A dataspace statement narrowed to what ds's verdict and the catalogue's layers permit,
+    with what its disclosure record needs."""
+
+    narrowed: NarrowedQuery
+    judged: tuple[_Judged, ...]
+    decision_ref: str | None
+
+    async def disclose(self, gw: Gateway, req: DataspaceRequest, rows: int) -> None:
+        """RF-10: the disclosure of each touched dataset, durable before any row leaves."""
+        events = [_disclosure(req, j, rows, self.decision_ref) for j in self.judged]
+        await gw.disclosures.publish(events)
+
+
+async def narrow_for_dataspace(
+    gw: Gateway, q: ValidatedQuery, req: DataspaceRequest, ctx: AccessContext
+) -> Granted:
+    """Every dataspace read's checks, in order: offered, ds's decision for every touched dataset
+    (asked, or reused within its ttl), both layers judged, the expose gate, each layer's plan,
+    and the statement narrowed by them."""
     entries = [gw.entries[d] for d in q.dataset_ids]
     unoffered = sorted(e.id for e in entries if not e.dataspace_expose)
     if unoffered:
@@ -135,12 +164,7 @@ async def run_dataspace(
         ctx.current = j.entry.id
         plans[j.entry.id] = [await _person_plan(gw, j, ctx, ttl), await _organization_plan(gw, j, ctx, ttl)]
     ctx.current = None
-    narrowed = await gw.narrow(q, plans)
-    page = await gw.execute(narrowed, body, dataspace=True)
-    events = [_disclosure(req, j, page.count, envelope.decision_ref) for j in judged]
-    await gw.disclosures.publish(events)
-    ctx.succeeded()
-    return page_body(page)
+    return Granted(await gw.narrow(q, plans), tuple(judged), envelope.decision_ref)
 
 
 def _disclosure(req: DataspaceRequest, j: _Judged, rows: int, decision_ref: str | None) -> DisclosureRecorded:

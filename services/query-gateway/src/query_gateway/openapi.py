@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dataplane_service_kit.openapi import REQUEST_ID, error_responses
+from dataplane_service_kit.openapi import REQUEST_ID, error_responses, error_schema
 
 
 class QueryPage(BaseModel):
@@ -170,6 +170,123 @@ PULL_RESPONSES = {
     ),
 }
 
+# ------------------------------------------------------------------ the records API (docs/records.md)
+
+
+class RecordsPage(BaseModel):
+    """One page of a flow's records, in record-key order."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    items: list[dict[str, Any]] = Field(description="the records, each an object by column name")
+    limit: int = Field(description="the limit applied: 100 when absent, at most 1 000")
+    has_more: bool = Field(description="whether records follow this page (of the filtered answer)")
+    next_cursor: str | None = Field(
+        description="opaque; the next page with the same filters, null at the end"
+    )
+
+
+class StreamQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    range_filters: dict[str, list[Literal["gte", "gt", "lte", "lt"]]] = Field(
+        description="the flow's frozen filters: field → operators"
+    )
+    range_filter_types: dict[str, Literal["integer", "number", "date", "date-time"]] = Field(
+        description="the flow's frozen filters: field → type"
+    )
+
+
+class StreamMetadata(BaseModel):
+    """The stream as the flow was granted it: its frozen filter set, nothing of the catalogue now."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    query: StreamQuery
+
+
+def _profile_status(responses: dict[int | str, dict[str, Any]]) -> dict[int | str, dict[str, Any]]:
+    """`invalid_request` also at 400: the records routes answer a malformed query string with
+    the range-filter profile's status (a path parameter FastAPI refuses stays 422)."""
+    listed = responses.get(400)
+    codes = (
+        tuple(listed["content"]["application/json"]["schema"]["properties"]["error"]["enum"])
+        if listed
+        else ()
+    )
+    merged = (*codes, "invalid_request")
+    responses[400] = {
+        "description": "the request cannot be served as sent: " + ", ".join(f"`{c}`" for c in merged),
+        "content": {"application/json": {"schema": error_schema(merged)}},
+    }
+    return responses
+
+
+_PULL = ("pull_token", "pull_token_expired", "flow_not_started", "agreement_mismatch", "not_offered")
+STREAM_RESPONSES = _profile_status(
+    {
+        **_ok(StreamMetadata, "the flow's frozen client range filters"),
+        **error_responses("invalid_request", "database_unavailable", "grant_invalid", *_PULL),
+    }
+)
+RECORDS_RESPONSES = _profile_status(
+    {
+        **_ok(RecordsPage, "a page of the records the flow's agreement and its filters admit"),
+        **error_responses(
+            "invalid_request",
+            "invalid_cursor",
+            "grant_invalid",
+            *_FILTERS,
+            *_EXECUTION,
+            *_PULL,
+            "provider_not_served",
+            *_DATASPACE,
+        ),
+    }
+)
+RECORDS_QUERY: list[dict[str, Any]] = [
+    {
+        "name": "limit",
+        "in": "query",
+        "required": False,
+        "description": "records per page: 100 when absent, at most 1 000 (more is read as 1 000)",
+        "schema": {"type": "integer", "minimum": 1, "maximum": 999_999_999},
+    },
+    {
+        "name": "cursor",
+        "in": "query",
+        "required": False,
+        "description": "the `next_cursor` of the previous page, with the same filters",
+        "schema": {"type": "string", "minLength": 1},
+    },
+    {
+        "name": "filter",
+        "in": "query",
+        "required": False,
+        "style": "deepObject",
+        "explode": True,
+        "description": "`filter[<field>][<op>]=<value>`: a field and operator of the flow's frozen set",
+        "schema": {"type": "object", "additionalProperties": {"type": "object"}},
+    },
+]
+
+STREAM_DESCRIPTION = """\
+The flow's dataset as its pull token was granted it: exactly the client range filters frozen
+when the flow started, with their types, and nothing of the catalogue as it is now. Takes no
+query parameter."""
+
+RECORDS_DESCRIPTION = """\
+A page of the flow's dataset in record-key order: the rows ds's decision and the catalogue's
+layers admit, as on `POST /dps/public/query`, further narrowed by the client filters
+(`filter[field][op]=value`, combined with AND) — only fields and operators of the flow's frozen
+set. A malformed query string is `400 invalid_request`; a cursor of another filter set, flow or
+dataset `400 invalid_cursor`; a malformed frozen set, or a filter that cannot be evaluated now,
+`403 grant_invalid`. The disclosure is recorded before the page leaves."""
+
+PROTECTED_RESOURCE_DESCRIPTION = """\
+RFC 9728 metadata of the pull path, advertising `capabilities.client_range_filters`."""
+
 QUERY_DESCRIPTION = """\
 Runs one read-only SQL statement over the catalogue's datasets and answers one page of it.
 
@@ -192,12 +309,18 @@ __all__ = [
     "AUTHORIZATION",
     "PLAN_DESCRIPTION",
     "PLAN_RESPONSES",
+    "PROTECTED_RESOURCE_DESCRIPTION",
     "PULL_AUTHORIZATION",
     "PULL_DESCRIPTION",
     "PULL_RESPONSES",
     "PURPOSE",
     "QUERY_DESCRIPTION",
     "QUERY_RESPONSES",
+    "RECORDS_DESCRIPTION",
+    "RECORDS_QUERY",
+    "RECORDS_RESPONSES",
+    "STREAM_DESCRIPTION",
+    "STREAM_RESPONSES",
     "TRACE_HEADERS",
     "TRANSFER",
 ]

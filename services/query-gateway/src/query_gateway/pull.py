@@ -43,6 +43,7 @@ class PullGrant:
     dataset_id: str
     participant_id: str
     counter_party_id: str
+    grant_extensions: str | None = None  # JSON text: the frozen range filters (docs/records.md)
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,8 @@ class VerifiedPull:
     provider: str  # the flow's participant
     agreement_id: str  # the flow's agreement
     flow_id: str
+    dataset_id: str = ""  # the flow's dataset
+    grant_extensions: str | None = None  # as the grant holds them, checked by their reader
 
 
 def pull_token_of(header: str | None) -> str | None:
@@ -149,7 +152,11 @@ class PullVerifier:
             raise ServiceError("database_unavailable", "the pull grants cannot be read now") from None
         if row is None:
             return None
-        return PullGrant(**{k: str(row[k]) for k in row.keys()})  # noqa: SIM118 - asyncpg Record
+        extensions = row["grant_extensions"]
+        return PullGrant(
+            **{k: str(row[k]) for k in PULL_GRANT_COLUMNS[1:-1]},
+            grant_extensions=None if extensions is None else str(extensions),
+        )
 
     async def first_use(self, jti: str) -> None:
         """Report an http-pull access token used (once per replica): a renewal's pending pair
@@ -205,6 +212,8 @@ class PullVerifier:
             provider=grant.participant_id,
             agreement_id=grant.agreement_id,
             flow_id=grant.flow_id,
+            dataset_id=grant.dataset_id,
+            grant_extensions=grant.grant_extensions,
         )
 
 

@@ -34,6 +34,8 @@ from query_gateway.gateway import Gateway, QueryBody
 from query_gateway.identity import Caller, bearer
 from query_gateway.metrics import REQUESTS
 from query_gateway.normal import explain_normal, run_normal
+from query_gateway.records.frozen import frozen_of
+from query_gateway.records.request import RequestRefused, has_filter
 
 log = get_logger("query_gateway.routes")
 # on a page whose `limit` is not the one asked for (QE-01: <= 0 means 100, above 10 000 means
@@ -178,6 +180,8 @@ async def answer_pull(gw: Gateway, headers: Headers, body: QueryBody) -> Respons
             headers.get("edc-contract-agreement-id", "").strip() or None,
             identified,
         )
+        if grant.grant_extensions is not None:
+            frozen_of(grant)  # a malformed frozen filter set refuses the grant (docs/records.md)
         req = DataspaceRequest(
             consumer=grant.consumer,
             provider=grant.provider,
@@ -283,7 +287,13 @@ class QueryRoutes:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         answer = self.routes.get(scope["path"]) if scope["type"] == "http" else None
-        if answer is None or scope["method"] != "POST" or self._declared_too_large(scope):
+        if (
+            answer is None
+            or scope["method"] != "POST"
+            or self._declared_too_large(scope)
+            # a client filter on the pull query is refused by the framework's route
+            or (scope["path"] == "/dps/public/query" and has_filter(scope.get("query_string", b"")))
+        ):
             await self.app(scope, receive, with_request_id(send, from_scope(scope)))
             return
         read = await _read_body(receive, self.max_bytes)
@@ -423,6 +433,14 @@ def dps_router() -> APIRouter:
         edc_transfer_process_id: TransferHeader = None,
         edc_purpose: PurposeHeader = None,
     ) -> Response:
+        if has_filter(request.scope.get("query_string", b"")):
+            # a client range filter belongs to the records route only (docs/records.md)
+            raise RequestRefused("client filters are taken by the records route only")
         return await answer_pull(request.app.state.gateway, _request_headers(request), body)
 
     return router
+
+
+# the records routes (query_gateway.records.routes) run under the same access records and metrics
+context = _context
+guarded = _guarded

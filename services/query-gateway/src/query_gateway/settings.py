@@ -67,6 +67,16 @@ class GatewaySettings(
     # the per-deployment key of the catalogue's `hash` column masks (sql/exposure.py); required
     # at start-up when any dataset declares one. Changing it changes every pseudonym
     column_mask_key: SecretStr | None = None
+    # the key that signs records cursors (docs/records.md); required at start-up on a DPS gateway
+    # whose catalogue declares `records:`. Changing it invalidates every cursor handed out
+    records_cursor_secret: SecretStr | None = None
+
+    @field_validator("records_cursor_secret")
+    @classmethod
+    def _cursor_secret_long_enough(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and len(v.get_secret_value()) < 32:
+            raise ValueError("must be at least 32 characters")
+        return v
 
     @field_validator("row_filters_plugin_handlers", mode="before")
     @classmethod

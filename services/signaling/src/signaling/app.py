@@ -26,6 +26,7 @@ from dataplane_service_kit.request_ids import RequestIds
 from dataplane_service_kit.telemetry import FASTAPI_TELEMETRY
 from signaling import audit, metrics
 from signaling.callbacks import ControlPlaneClient
+from signaling.catalogue import CatalogueSource
 from signaling.did_web import DidWebResolver
 from signaling.flows import FlowService
 from signaling.migrate import check_at_head
@@ -66,6 +67,7 @@ def _build_dps(settings: Settings, state: AppState) -> Dps:
             list(settings.dps_transfer_types),
             on_commit=on_commit,
             refresh_endpoint=settings.refresh_endpoint(),
+            catalogue=CatalogueSource(settings.catalogue_path) if settings.catalogue_path else None,
         ),
         verifier=JwtVerifier(
             state.http,

@@ -28,6 +28,7 @@ from dataplane_contracts.dps import (
 from dataplane_service_kit.errors import ServiceError
 from dataplane_service_kit.telemetry import kafka_headers
 from signaling import metrics, repository
+from signaling.catalogue import CatalogueSource, frozen_extensions
 from signaling.repository import FlowExists, FlowRecord
 from signaling.tokens import PullTokenSigner, TokenPair
 
@@ -71,6 +72,7 @@ class FlowService:
         *,
         on_commit: Callable[[], None] = lambda: None,
         refresh_endpoint: str = "",
+        catalogue: CatalogueSource | None = None,
     ) -> None:
         self._engine = engine
         self._signer = signer
@@ -78,6 +80,7 @@ class FlowService:
         self._types = {canonical_transfer_type(t) for t in transfer_types}
         self._on_commit = on_commit
         self._refresh_endpoint = refresh_endpoint
+        self._catalogue = catalogue
 
     def _check_type(self, transfer_type: str) -> str:
         """The type as this data plane records it (the http-pull profile under its URI)."""
@@ -147,6 +150,7 @@ class FlowService:
             "refresh_hash": None,
             "pending_token_id": None,
             "pending_refresh_hash": None,
+            "grant_extensions": None,
         }
 
     @staticmethod
@@ -182,6 +186,8 @@ class FlowService:
             raise ServiceError("data_address_not_allowed", "a pull start must not carry a data address")
         values = self._new_values(msg, FlowRole.PROVIDER, FlowState.STARTED, caller)
         values["transfer_type"] = transfer_type
+        # frozen now, for the life of the flow: nothing writes this column again (resume keeps it)
+        values["grant_extensions"] = frozen_extensions(self._catalogue, msg.dataset_id, msg.metadata)
         credentials, address = self._issue(self._record(values))
         values.update(credentials)
         await self._create(self._record(values), values, "start")

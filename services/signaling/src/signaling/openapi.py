@@ -63,7 +63,13 @@ REGISTRATION = _SIGNAL
 CONTROL_PLANE_PUT = (*_STORED, "invalid_message", "control_plane_taken")
 CONTROL_PLANE_DELETE = (*_BY_ID, "control_plane_not_found")
 PREPARE = (*_STORED, "invalid_message", "unsupported_transfer_type", "flow_exists")
-START = (*PREPARE, "data_address_not_allowed")
+# not_ready: a start asking for range filters while the catalogue cannot be read (docs/records.md)
+START = (*PREPARE, "data_address_not_allowed", "not_ready")
+START_DESCRIPTION = (
+    SPELLINGS + " `metadata.pdpp_range_filters: true` freezes the dataset's client range filters, as "
+    "the catalogue declares them now, for the life of the flow; any value but a boolean is "
+    "`invalid_message`, and so is `true` on a data plane offering none."
+)
 STARTED = (*_BY_ID, "invalid_message", "flow_not_found", "invalid_transition", "data_address_required")
 TRANSITION = (*_BY_ID, "invalid_message", "flow_not_found", "invalid_transition")
 COMPLETED = (*_BY_ID, "flow_not_found", "invalid_transition")

@@ -163,7 +163,7 @@ async def prepare(msg: DataFlowPrepareMessage, caller: Caller, dps: DpsDep) -> J
         "Start a provider-side pull flow: the pull address and its token (DPS-05, DPS-06)",
         *api.START,
         ok=DataFlowStatusMessage,
-        description=api.SPELLINGS,
+        description=api.START_DESCRIPTION,
     ),
 )
 async def start(msg: DataFlowStartMessage, caller: Caller, dps: DpsDep) -> JSONResponse:

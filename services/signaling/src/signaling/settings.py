@@ -93,6 +93,9 @@ class Settings(HttpSettings, KafkaSettings, OidcSettings):
     # for tests and the local doubles only: did:web documents over plain HTTP and on a port
     dps_did_web_allow_http: bool = False
     dps_pull_grant_role: str = DEFAULT_PULL_GRANT_ROLE
+    # the gateway's catalogue, read to freeze a flow's client range filters when it starts
+    # (docs/records.md); unset: no range filters are offered, and a start asking for them is refused
+    catalogue_path: str | None = None
 
     # a token of an unknown kid inside this interval waits for its end (docs/gateway.md, "Key sets")
     celine_oidc_jwks_min_refetch_seconds: float = Field(default=1.0, ge=0, le=60)

@@ -43,6 +43,8 @@ data_flows = Table(
     # a renewal's new pair until its first use (migration 0003)
     Column("pending_token_id", String(64), nullable=True, unique=True),
     Column("pending_refresh_hash", String(64), nullable=True, unique=True),
+    # the client range-filter set frozen at the start (migration 0004, docs/records.md)
+    Column("grant_extensions", JSON(none_as_null=True), nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
 )

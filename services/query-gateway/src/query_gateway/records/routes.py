@@ -1,0 +1,143 @@
+"""The records API's routes (FastAPI, mounted with DPS_ENABLED): stream metadata, records pages,
+and the protected-resource metadata that advertises the client range-filter profile."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Annotated
+
+from fastapi import APIRouter, FastAPI, Path, Request
+from fastapi.responses import JSONResponse, Response
+
+from dataplane_contracts.records import PROFILE_URI
+from dataplane_service_kit.errors import ServiceError, encodable
+from query_gateway import openapi as api
+from query_gateway.access_log import AccessContext
+from query_gateway.gateway import Gateway
+from query_gateway.records.cursor import CursorCodec
+from query_gateway.records.request import RequestRefused
+from query_gateway.records.serve import Headers, records_page, stream_metadata
+from query_gateway.routes import (
+    AgreementHeader,
+    PullAuthorizationHeader,
+    PurposeHeader,
+    TransferHeader,
+    guarded,
+)
+from query_gateway.routes import context as access_context
+
+STREAM = "/dps/public/streams/{dataset}"
+RECORDS = STREAM + "/records"
+PROTECTED_RESOURCE = "/.well-known/oauth-protected-resource"
+DatasetPath = Annotated[str, Path(min_length=1, max_length=255, description="the flow's dataset id")]
+
+
+def capabilities() -> dict[str, object]:
+    return {"client_range_filters": {"supported": True, "stability": "experimental", "profile": PROFILE_URI}}
+
+
+def _headers(
+    authorization: str | None, agreement: str | None, transfer: str | None, purpose: str | None
+) -> Headers:
+    return Headers(authorization, (agreement or "").strip() or None, transfer, purpose)
+
+
+Run = Callable[[Gateway, AccessContext], Awaitable[dict[str, object]]]
+
+
+async def _answer(request: Request, route: str, run: Run) -> Response:
+    """One request under the gateway's access records and metrics, as the query routes are."""
+    ctx = access_context(_lower(request), "GET", route)
+    gw: Gateway = request.app.state.gateway
+
+    async def once() -> dict[str, object]:
+        return await run(gw, ctx)
+
+    return await guarded(route, ctx, once, None)  # the records routes cap their own limit
+
+
+def _lower(request: Request) -> dict[str, str]:
+    return {k.lower(): v for k, v in request.headers.items()}
+
+
+def records_router() -> APIRouter:
+    router = APIRouter(tags=["records"])
+
+    @router.get(
+        STREAM,
+        summary="The stream's metadata: the flow's frozen client range filters",
+        description=api.STREAM_DESCRIPTION,
+        responses=api.STREAM_RESPONSES,
+    )
+    async def stream(
+        request: Request,
+        dataset: DatasetPath,
+        *,
+        authorization: PullAuthorizationHeader = None,
+        edc_contract_agreement_id: AgreementHeader = None,
+    ) -> Response:
+        h = _headers(authorization, edc_contract_agreement_id, None, None)
+        qs = request.scope.get("query_string", b"")
+
+        async def run(gw: Gateway, ctx: AccessContext) -> dict[str, object]:
+            return await stream_metadata(gw, h, dataset, qs, ctx)
+
+        return await _answer(request, STREAM, run)
+
+    @router.get(
+        RECORDS,
+        summary="A page of the flow's dataset, filtered by the flow's frozen client range filters",
+        description=api.RECORDS_DESCRIPTION,
+        responses=api.RECORDS_RESPONSES,
+        openapi_extra={"parameters": api.RECORDS_QUERY},
+    )
+    async def records(
+        request: Request,
+        dataset: DatasetPath,
+        *,
+        authorization: PullAuthorizationHeader = None,
+        edc_contract_agreement_id: AgreementHeader = None,
+        edc_transfer_process_id: TransferHeader = None,
+        edc_purpose: PurposeHeader = None,
+    ) -> Response:
+        codec: CursorCodec | None = request.app.state.cursor_codec
+        h = _headers(authorization, edc_contract_agreement_id, edc_transfer_process_id, edc_purpose)
+        qs = request.scope.get("query_string", b"")
+
+        async def run(gw: Gateway, ctx: AccessContext) -> dict[str, object]:
+            return await records_page(gw, codec, h, dataset_id=dataset, query_string=qs, ctx=ctx)
+
+        return await _answer(request, RECORDS, run)
+
+    @router.get(
+        PROTECTED_RESOURCE,
+        summary="Protected-resource metadata (RFC 9728) with the records API's capabilities",
+        description=api.PROTECTED_RESOURCE_DESCRIPTION,
+    )
+    async def protected_resource(request: Request) -> dict[str, object]:
+        resource = str(request.base_url).rstrip("/") + "/dps/public"
+        return {"resource": resource, "capabilities": capabilities()}
+
+    return router
+
+
+def install_profile_errors(app: FastAPI) -> None:
+    """`invalid_request` from the records routes (and a client filter sent to the pull query)
+    with the profile's status, 400; every other refusal as the service kit renders it."""
+
+    async def on_refused(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ServiceError)
+        body = {"error": exc.code, "detail": encodable(exc.detail)}
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+    app.add_exception_handler(RequestRefused, on_refused)
+
+
+__all__ = [
+    "PROTECTED_RESOURCE",
+    "RECORDS",
+    "STREAM",
+    "RequestRefused",
+    "install_profile_errors",
+    "records_router",
+]

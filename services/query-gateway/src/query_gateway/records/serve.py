@@ -1,0 +1,149 @@
+"""One records page (docs/records.md): the pull token, the flow's dataset, its frozen filters,
+the request's filters and cursor, then the same dataspace read as `/dps/public/query` — ds asked,
+both layers narrowing — with the client filters as further conditions on the narrowed statement,
+and the disclosure durable before the page leaves."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlglot import exp
+
+from dataplane_service_kit.errors import ServiceError
+from query_gateway.access_log import AccessContext
+from query_gateway.connector import resolve_connector
+from query_gateway.dataspace import DataspaceRequest, narrow_for_dataspace, parse_purpose
+from query_gateway.gateway import Gateway, QueryBody
+from query_gateway.pull import VerifiedPull
+from query_gateway.records.cursor import CursorCodec, filter_set_digest
+from query_gateway.records.frozen import bounds_of, check_evaluable, frozen_of, metadata_of
+from query_gateway.records.request import parse_records_query, refuse_any_parameter
+from query_gateway.records.values import Bound
+from query_gateway.sql.model import NarrowedQuery
+from query_gateway.sql.scope import DIALECT
+
+_KEY_PREFIX = "_dp_key"  # the reserved prefix: no column of a dataset can be called that
+
+
+def _ident(name: str) -> str:
+    return str(exp.to_identifier(name, quoted=True).sql(dialect=DIALECT))
+
+
+@dataclass(frozen=True)
+class Headers:
+    authorization: str | None
+    agreement: str | None
+    transfer: str | None
+    purpose: str | None
+
+
+async def _verified(gw: Gateway, h: Headers, dataset_id: str, ctx: AccessContext) -> VerifiedPull:
+    assert gw.pull is not None  # mounted only with DPS_ENABLED
+
+    def identified(consumer: str, agreement_id: str) -> None:
+        ctx.sub = ctx.client_id = consumer
+        ctx.agreement_id = agreement_id
+
+    grant = await gw.pull.verify(h.authorization, h.agreement, identified)
+    if dataset_id != grant.dataset_id:
+        # the same answer for a dataset that exists and one that does not
+        raise ServiceError("not_offered", "the flow's pull token is not for this dataset")
+    ctx.touched = [dataset_id]
+    return grant
+
+
+async def stream_metadata(
+    gw: Gateway, h: Headers, dataset_id: str, query_string: bytes, ctx: AccessContext
+) -> dict[str, object]:
+    """The flow's frozen set and nothing of the current catalogue, even when one of its filters
+    cannot be evaluated now."""
+    grant = await _verified(gw, h, dataset_id, ctx)
+    frozen = frozen_of(grant)
+    refuse_any_parameter(query_string)
+    ctx.succeeded()
+    return metadata_of(dataset_id, frozen)
+
+
+async def records_page(
+    gw: Gateway,
+    codec: CursorCodec | None,
+    h: Headers,
+    *,
+    dataset_id: str,
+    query_string: bytes,
+    ctx: AccessContext,
+) -> dict[str, object]:
+    grant = await _verified(gw, h, dataset_id, ctx)
+    frozen = frozen_of(grant)  # before anything is served
+    query = parse_records_query(query_string)
+    bounds = bounds_of(query, frozen)  # the frozen set alone decides, before any declaration
+    entry = gw.entries.get(dataset_id)
+    if entry is None or entry.records is None or codec is None:
+        raise ServiceError("not_offered", "records are not offered for this dataset")
+    if frozen is not None:
+        check_evaluable(bounds, frozen, entry, gw.columns)
+    digest = filter_set_digest(bounds)
+    key = entry.records.key
+    after = codec.decode(query.cursor, grant.flow_id, dataset_id, digest, len(key)) if query.cursor else None
+
+    req = DataspaceRequest(
+        consumer=grant.consumer,
+        provider=grant.provider,
+        connector_base=resolve_connector(gw.settings, grant.provider),
+        agreement_id=grant.agreement_id,
+        transfer_id=h.transfer or None,
+        purpose=parse_purpose(h.purpose),
+    )
+    whole = f"SELECT * FROM {_ident(dataset_id)}"  # noqa: S608 - a quoted identifier
+    q = await gw.validate_async(QueryBody(sql=whole), ctx)
+    granted = await narrow_for_dataspace(gw, q, req, ctx)
+    key_types = [gw.columns[entry.table][k] for k in key]
+    statement = _filtered(granted.narrowed, bounds, key, key_types, after)
+    page = await gw.executor.run(statement, offset=0, limit=query.limit + 1, skip_count=True)
+    rows = page.items[: query.limit]
+    has_more = len(page.items) > query.limit
+    cursor = None
+    if has_more:
+        last = rows[-1]
+        cursor = codec.encode(
+            grant.flow_id, dataset_id, digest, [str(last[f"{_KEY_PREFIX}{i}"]) for i in range(len(key))]
+        )
+    items = [{k: v for k, v in row.items() if not k.startswith(_KEY_PREFIX)} for row in rows]
+    await granted.disclose(gw, req, len(items))
+    ctx.succeeded()
+    return {"items": items, "limit": query.limit, "has_more": has_more, "next_cursor": cursor}
+
+
+def _filtered(
+    narrowed: NarrowedQuery,
+    bounds: tuple[Bound, ...],
+    key: list[str],
+    key_types: list[str],
+    after: list[str] | None,
+) -> NarrowedQuery:
+    """The narrowed statement as the rows it may read, further conditions on its output only (so
+    they can narrow and never widen), every value a bound parameter read by PostgreSQL from
+    text into the compared type; the record key's text beside each row for the cursor; ordered
+    by the record key."""
+    params: list[object] = list(narrowed.params)
+    conds: list[str] = []
+    for b in bounds:
+        params.append(b.text)
+        conds.append(f"r.{_ident(b.field)} {b.sql_op} ${len(params)}::text::{b.sql_type}")
+    if after is not None:
+        placeholders = []
+        for value, pg_type in zip(after, key_types, strict=True):
+            params.append(value)
+            placeholders.append(f"${len(params)}::text::{pg_type}")
+        columns = ", ".join(f"r.{_ident(k)}" for k in key)
+        conds.append(f"({columns}) > ({', '.join(placeholders)})")
+    key_text = ", ".join(f"r.{_ident(k)}::text AS {_KEY_PREFIX}{i}" for i, k in enumerate(key))
+    where = " AND ".join(conds) if conds else "TRUE"
+    sql = f"SELECT r.*, {key_text} FROM ({narrowed.sql}) AS r WHERE {where}"  # noqa: S608 - bound values
+    return NarrowedQuery(
+        sql=sql,
+        params=tuple(params),
+        param_labels=(*narrowed.param_labels, *(f"filter {b.field} {b.op}" for b in bounds)),
+        denied=narrowed.denied,
+        order_by=" ORDER BY " + ", ".join(f"q.{_ident(k)} ASC" for k in key),
+    )
