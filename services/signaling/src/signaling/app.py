@@ -24,6 +24,7 @@ from dataplane_service_kit.oauth import ClientCredentialsToken
 from dataplane_service_kit.openapi import distribution_version, openapi_document
 from dataplane_service_kit.telemetry import FASTAPI_TELEMETRY
 from signaling import audit, metrics
+from signaling.callback_relay import CallbackRelay
 from signaling.callbacks import ControlPlaneClient
 from signaling.did_web import DidWebResolver
 from signaling.flows import FlowService
@@ -57,15 +58,28 @@ def _build_dps(settings: Settings, state: AppState) -> Dps:
     relay = state.relay
     signer = PullTokenSigner(key, settings.dps_token_key_id, settings.dps_token_ttl_seconds)
     on_commit = relay.wake if relay is not None else (lambda: None)
+    flows = FlowService(
+        state.engine,
+        signer,
+        settings.dps_public_url,
+        list(settings.dps_transfer_types),
+        on_commit=on_commit,
+        refresh_endpoint=settings.refresh_endpoint(),
+        asynchronous=settings.dps_async_signals,
+    )
+    control_planes = ControlPlaneClient(state.http, state.engine, tokens, settings.callback_timeout_seconds)
+    callbacks = CallbackRelay(
+        state.engine,
+        flows,
+        control_planes,
+        first_retry_s=settings.dps_callback_retry_first_seconds,
+        max_retry_s=settings.dps_callback_retry_max_seconds,
+        poll_interval_s=settings.outbox_poll_interval_ms / 1000,
+        on_commit=on_commit,
+    )
+    flows.on_callback_owed = callbacks.wake
     return Dps(
-        flows=FlowService(
-            state.engine,
-            signer,
-            settings.dps_public_url,
-            list(settings.dps_transfer_types),
-            on_commit=on_commit,
-            refresh_endpoint=settings.refresh_endpoint(),
-        ),
+        flows=flows,
         verifier=JwtVerifier(
             state.http,
             issuer,
@@ -73,9 +87,7 @@ def _build_dps(settings: Settings, state: AppState) -> Dps:
             jwks_uri=jwks_uri,
             min_refetch_seconds=settings.celine_oidc_jwks_min_refetch_seconds,
         ),
-        control_planes=ControlPlaneClient(
-            state.http, state.engine, tokens, settings.callback_timeout_seconds
-        ),
+        control_planes=control_planes,
         admitted=frozenset(settings.dps_control_plane_clients),
         renewal=TokenRenewal(
             state.engine,
@@ -87,6 +99,7 @@ def _build_dps(settings: Settings, state: AppState) -> Dps:
                 timeout_s=settings.callback_timeout_seconds,
             ),
         ),
+        callbacks=callbacks,
     )
 
 
@@ -132,10 +145,14 @@ def _lifespan(settings: Settings):  # type: ignore[no-untyped-def]
         app.state.signaling = state
         if relay is not None:
             relay.start()
+        if state.dps is not None and settings.dps_callback_relay_enabled:
+            state.dps.callbacks.start()  # delivers what any replica's 202 promised
         log.info("signaling_started", dps_enabled=settings.dps_enabled, relay=relay is not None)
         try:
             yield
         finally:
+            if state.dps is not None:
+                await state.dps.callbacks.stop()
             if relay is not None:
                 await relay.stop()
             await producer.stop()

@@ -93,6 +93,14 @@ class Settings(HttpSettings, KafkaSettings, OidcSettings):
     # for tests and the local doubles only: did:web documents over plain HTTP and on a port
     dps_did_web_allow_http: bool = False
     dps_pull_grant_role: str = DEFAULT_PULL_GRANT_ROLE
+    # asynchronous prepare/start: 202 with PREPARING/STARTING, the transition finished in the
+    # background and announced by a DPS-12 callback, retried from the first delay doubling up to
+    # the last. Every replica with DPS_CALLBACK_RELAY_ENABLED delivers what any replica owes,
+    # whatever its own DPS_ASYNC_SIGNALS
+    dps_async_signals: bool = False
+    dps_callback_relay_enabled: bool = True
+    dps_callback_retry_first_seconds: float = Field(default=1.0, gt=0)
+    dps_callback_retry_max_seconds: float = Field(default=60.0, gt=0)
 
     celine_oidc_jwks_min_refetch_seconds: float = Field(default=10.0, ge=0)
     callback_timeout_seconds: float = Field(default=5.0, gt=0)
