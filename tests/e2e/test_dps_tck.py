@@ -310,9 +310,8 @@ async def _refresh(tck: Tck, props: dict[str, Any], refresh_token: str, client_j
 
 
 def _audited(tck: Tck, reason: str) -> int:
-    """How many refusals with this reason the replica serving renewals has audited (its log)."""
-    log = (tck.system.stack.logs / "signaling.log").read_text(errors="replace")
-    return sum(1 for line in log.splitlines() if '"dps.token_refresh"' in line and f'"{reason}"' in line)
+    """Refusals with this reason audited by the replica serving renewals (DPS_SIGNALING_URL's)."""
+    return tck.system.audited("signaling", "dps.token_refresh", reason)
 
 
 @pytest.mark.parametrize("spelling", SPELLINGS)
