@@ -54,6 +54,7 @@ def _build_dps(settings: Settings, state: AppState) -> Dps:
             token_url=token_url,
             client_id=settings.celine_oidc_client_id,
             client_secret=settings.celine_oidc_client_secret.get_secret_value(),
+            timeout_s=settings.callback_timeout_seconds,  # used for callbacks only
         )
     relay = state.relay
     signer = PullTokenSigner(key, settings.dps_token_key_id, settings.dps_token_ttl_seconds)
@@ -75,6 +76,8 @@ def _build_dps(settings: Settings, state: AppState) -> Dps:
         first_retry_s=settings.dps_callback_retry_first_seconds,
         max_retry_s=settings.dps_callback_retry_max_seconds,
         poll_interval_s=settings.outbox_poll_interval_ms / 1000,
+        # a token fetch and the POST, each bounded by the callback timeout, and a margin
+        attempt_s=2 * settings.callback_timeout_seconds + 1,
         on_commit=on_commit,
     )
     flows.on_callback_owed = callbacks.wake

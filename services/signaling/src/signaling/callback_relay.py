@@ -4,13 +4,15 @@ An asynchronous prepare or start commits its PREPARING/STARTING flow together wi
 `dps_callbacks`. Every replica runs this relay. One attempt:
 
 1. one transaction: claim the oldest due row (SKIP LOCKED: replicas share the work), push its next
-   attempt one backoff ahead (the lease: a process dying from here on leaves it due again then),
-   lock the flow and let FlowService.advance finish the transition and build the message (the
-   data address with its new credentials exists only in this process's memory);
+   attempt ahead by the longer of its backoff and the longest an attempt can take (the lease: no
+   other replica sends it meanwhile, so two addresses of one flow are never in flight at once,
+   and a process dying from here on leaves it due again then), lock the flow and let
+   FlowService.advance finish the transition and build the message (the data address with its
+   new credentials exists only in this process's memory);
 2. POST it to the control plane (ControlPlaneClient: the flow's callbackAddress, else the endpoint
    its caller registered);
-3. accepted: the row is finished. Refused or unreachable: it stays owed, and the lease already set
-   is the retry's due time; the backoff doubles from DPS_CALLBACK_RETRY_FIRST_SECONDS up to
+3. accepted: the row is finished. Refused or unreachable: it stays owed, due again after its
+   backoff; the backoff doubles from DPS_CALLBACK_RETRY_FIRST_SECONDS up to
    DPS_CALLBACK_RETRY_MAX_SECONDS.
 
 A row is never given up: at least once means until the control plane takes it (or the flow moves
@@ -52,6 +54,7 @@ class CallbackRelay:
         first_retry_s: float,
         max_retry_s: float,
         poll_interval_s: float,
+        attempt_s: float,
         on_commit: Callable[[], None] = lambda: None,
     ) -> None:
         self._engine = engine
@@ -60,6 +63,7 @@ class CallbackRelay:
         self._first = first_retry_s
         self._max = max_retry_s
         self._interval = poll_interval_s
+        self._attempt = attempt_s  # the longest one attempt may take (token fetch and POST)
         self._on_commit = on_commit  # a committed transition has an event for the outbox relay
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -73,7 +77,7 @@ class CallbackRelay:
         return float(min(self._max, self._first * 2 ** min(attempt - 1, 30)))
 
     def _lease(self, attempt: int) -> timedelta:
-        return timedelta(seconds=self.backoff(attempt))
+        return timedelta(seconds=max(self._attempt, self.backoff(attempt)))
 
     async def _claim(self) -> Claimed | None:
         async with self._engine.begin() as conn:
@@ -113,7 +117,8 @@ class CallbackRelay:
                 retry_in_s=self.backoff(owed.attempts),
             )
             async with self._engine.begin() as conn:
-                await repository.callback_failed(conn, owed.id, str(exc))
+                retry_in = timedelta(seconds=self.backoff(owed.attempts))
+                await repository.callback_failed(conn, owed.id, str(exc), retry_in)
             return True
         async with self._engine.begin() as conn:
             await repository.finish_callback(conn, owed.id, "delivered")

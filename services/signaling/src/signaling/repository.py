@@ -222,10 +222,10 @@ async def add_callback(conn: AsyncConnection, flow_id: str, action: str) -> None
     )
 
 
-async def claim_callback(conn: AsyncConnection, backoff: Callable[[int], timedelta]) -> OwedCallback | None:
+async def claim_callback(conn: AsyncConnection, lease: Callable[[int], timedelta]) -> OwedCallback | None:
     """The oldest due callback no other transaction holds, leased: its next attempt is pushed
-    `backoff(attempt)` ahead now, so if this process dies before it is finished (or the attempt
-    fails) it is due again then."""
+    `lease(attempt)` ahead now, so no other replica takes it while this attempt may still run,
+    and if this process dies before it is finished it is due again then."""
     row = (
         await conn.execute(
             select(callbacks.c.id, callbacks.c.flow_id, callbacks.c.action, callbacks.c.attempts)
@@ -241,7 +241,7 @@ async def claim_callback(conn: AsyncConnection, backoff: Callable[[int], timedel
     await conn.execute(
         update(callbacks)
         .where(callbacks.c.id == owed.id)
-        .values(attempts=owed.attempts, next_attempt_at=now() + backoff(owed.attempts))
+        .values(attempts=owed.attempts, next_attempt_at=now() + lease(owed.attempts))
     )
     return owed
 
@@ -254,8 +254,13 @@ async def finish_callback(conn: AsyncConnection, callback_id: int, outcome: str)
     )
 
 
-async def callback_failed(conn: AsyncConnection, callback_id: int, reason: str) -> None:
-    await conn.execute(update(callbacks).where(callbacks.c.id == callback_id).values(last_error=reason[:255]))
+async def callback_failed(conn: AsyncConnection, callback_id: int, reason: str, retry_in: timedelta) -> None:
+    """The attempt failed: due again `retry_in` from now (replacing the claim's longer lease)."""
+    await conn.execute(
+        update(callbacks)
+        .where(callbacks.c.id == callback_id)
+        .values(last_error=reason[:255], next_attempt_at=now() + retry_in)
+    )
 
 
 async def next_callback_due(conn: AsyncConnection) -> datetime | None:
