@@ -235,3 +235,23 @@ async def test_dps12_synchronous_signals_stay_200_without_callbacks(
         assert r.status_code == 200 and "location" not in r.headers
     assert await _owed(base_settings["database_url"], flow) == []
     assert cp.calls == []
+
+
+async def test_dps12_a_callback_in_flight_is_not_sent_again_by_another_replica(
+    base_settings: dict[str, Any], cp_token: Callable[..., str], control_plane: Any
+) -> None:
+    """Two replicas relay; the control plane takes 2 s to answer, far beyond the retry delay. The
+    claim's lease covers the attempt, so the other replica never sends the flow a second address
+    while the first is in flight: one call, one attempt."""
+    cp, url = control_plane
+    cp.delay_s = 2.0
+    flow = new_id()
+    db = base_settings["database_url"]
+    async with run_app(_async(base_settings)) as one, run_app(_async(base_settings)):
+        r = await one.client.post(
+            f"{FLOWS}/start", json=start_message(flow, callbackAddress=url), headers=auth(cp_token())
+        )
+        assert r.status_code == 202, r.text
+        row = await _finished(db, flow)
+    assert (row["outcome"], row["attempts"]) == ("delivered", 1)
+    assert len([c for c in cp.calls if c.transfer_id == flow]) == 1
