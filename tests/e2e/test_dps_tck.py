@@ -369,6 +369,36 @@ async def test_tck_http_profile_refresh_with_a_client_jwt_of_the_wrong_audience_
     assert (await tck.post(tck.sync[0], f"{flow}/terminate")).status_code == 200
 
 
+async def test_http_pull_after_suspend_no_token_works_on_any_replica_and_resume_renews_on_the_other(
+    tck: Tck, did_host: DidWebHost
+) -> None:
+    """Renewal with two signaling replicas: after suspend neither the access token (either
+    gateway) nor the refresh token (either signaling replica) works; resume's pair pulls on both
+    gateways and renews at the replica that did not answer the resume."""
+    consumer = did_host.identity("tck-consumer")
+    flow, props = await _profile_flow(tck, "rc3", consumer)
+    a, b = tck.sync
+    assert (await tck.post(a, f"{flow}/suspend")).status_code == 200
+    await tck.refused(props["authorization"])
+    for replica in tck.sync:
+        at = {**props, "refreshEndpoint": f"{replica}/dps/token"}
+        jwt_ = consumer.client_jwt(aud=DEMO_PROVIDER, token=props["authorization"])
+        r = await _refresh(tck, at, props["refreshToken"], jwt_)
+        assert (r.status_code, r.json()["error"]) == (400, "refresh_token_invalid"), (replica, r.text)
+    resumed = await tck.post(b, f"{flow}/resume")
+    assert resumed.status_code == 200, resumed.text
+    fresh = _props(resumed.json())
+    await tck.pulls(fresh["authorization"])
+    at = {**fresh, "refreshEndpoint": f"{a}/dps/token"}
+    r = await _refresh(
+        tck, at, fresh["refreshToken"], consumer.client_jwt(aud=DEMO_PROVIDER, token=fresh["authorization"])
+    )
+    assert r.status_code == 200, r.text
+    await tck.pulls(r.json()["access_token"])
+    await tck.refused(props["authorization"])
+    assert (await tck.post(a, f"{flow}/terminate")).status_code == 200
+
+
 # ---------------------------------------------------------------- consumer pull (DP_C_PULL)
 
 
