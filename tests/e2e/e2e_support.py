@@ -6,6 +6,7 @@ sys.path)."""
 from __future__ import annotations
 
 import copy
+import json
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,19 @@ class System:
     def instance_urls(self) -> dict[str, str]:
         """Every service process by instance name → its base URL."""
         return {name: f"http://127.0.0.1:{env['HTTP_PORT']}" for name, env in self.stack.service_envs.items()}
+
+    def audited(self, instance: str, action: str, reason: str) -> int:
+        """How many GS-02 refusal records with this action and reason the instance has written
+        (its log in the stack's state directory: one JSON line each)."""
+        count = 0
+        for line in (self.stack.logs / f"{instance}.log").read_text(errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue  # a line of the server's own (start-up banner)
+            if isinstance(record, dict) and (record.get("action"), record.get("reason")) == (action, reason):
+                count += 1
+        return count
 
     # --------------------------------------------------------------------------- ds double
     async def ds_control(self, body: dict[str, Any]) -> Any:

@@ -3,7 +3,9 @@ tokens, both real gateway replicas serve and refuse them, the consumer's did:web
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -43,8 +45,16 @@ class Pair:
         self.access, self.refresh = access, refresh
 
 
-async def _start(system: System, wire: Wire, cp: str, consumer: DidIdentity) -> tuple[str, Pair, str]:
-    """A flow for `consumer` under a new agreement over the demo dataset; (flow, pair, refreshEndpoint)."""
+def _audited(system: System, code: str) -> int:
+    """Renewal refusals with this code audited by the signaling replica serving renewals."""
+    return system.audited("signaling", "dps.token_refresh", code)
+
+
+async def _start(
+    system: System, wire: Wire, cp: str, consumer: DidIdentity, signaling: str | None = None
+) -> tuple[str, Pair, str]:
+    """A flow for `consumer` under a new agreement over the demo dataset, started on `signaling`
+    (default: the first replica); (flow, pair, refreshEndpoint)."""
     agreement = f"agr-{uuid.uuid4().hex[:10]}"
     entries = copy.deepcopy(system.policy["agreements"][DEMO_AGREEMENT]["datasets"])
     system.policy["agreements"][agreement] = {"consumer": consumer.did, "datasets": entries}
@@ -61,7 +71,7 @@ async def _start(system: System, wire: Wire, cp: str, consumer: DidIdentity) -> 
     }
     r = await wire.call(
         "POST",
-        f"{system.info.signaling_url}/dps/v1/dataflows/start",
+        f"{signaling or system.info.signaling_url}/dps/v1/dataflows/start",
         json_body=message,
         headers={"Authorization": f"Bearer {cp}"},
     )
@@ -168,12 +178,16 @@ async def test_http_pull_refused_renewals_change_nothing(system: System, did_hos
         ),
     }
     for name, (client_jwt, code) in attempts.items():
+        before = _audited(system, code)
         r = await _renew(system.http, endpoint, pair, client_jwt)
         assert (r.status_code, r.json()["error"]) == (401, code), (name, r.text)
+        assert _audited(system, code) == before + 1, name  # GS-02: one record per refusal
     # a flow whose counter-party's DID has no document on its host
     _, lost, _ = await _start(system, wire, cp, unknown)
+    before = _audited(system, "client_did_unresolvable")
     r = await _renew(system.http, endpoint, lost, unknown.client_jwt(aud=DEMO_PROVIDER, token=lost.access))
     assert (r.status_code, r.json()["error"]) == (401, "client_did_unresolvable"), r.text
+    assert _audited(system, "client_did_unresolvable") == before + 1
     await _pulls_everywhere(system, wire, lost.access)
     # nothing changed: the pair still pulls everywhere and renews once
     await _pulls_everywhere(system, wire, pair.access)
@@ -183,3 +197,25 @@ async def test_http_pull_refused_renewals_change_nothing(system: System, did_hos
 
 def _claim(token: str, name: str) -> Any:
     return jwt.decode(token, options={"verify_signature": False})[name]
+
+
+async def test_http_pull_an_expired_token_is_refused_with_its_code_on_both_replicas_and_renews(
+    system: System, did_host: DidWebHost
+) -> None:
+    """A signaling replica issuing 2-second tokens: once the clock passes the token's exp both
+    gateways refuse it with `pull_token_expired`; its refresh token still renews (at the replica
+    serving renewals), and the new token pulls on both."""
+    instance = await asyncio.to_thread(system.stack.add_instance, "signaling", {"DPS_TOKEN_TTL_SECONDS": "2"})
+    try:
+        wire = Wire(system.http)
+        cp = await control_plane_token(wire, system.info)
+        consumer = did_host.identity("consumer")
+        short = system.instance_urls()[instance]
+        _, pair, endpoint = await _start(system, wire, cp, consumer, signaling=short)
+        exp = _claim(pair.access, "exp")
+        await asyncio.sleep(max(0.0, exp - time.time()) + 0.1)  # waits for the clock to pass exp
+        await _refused_everywhere(system, wire, pair.access, "pull_token_expired")
+        renewed = await _renewed(system.http, endpoint, pair, consumer)
+        await _pulls_everywhere(system, wire, renewed.access)
+    finally:
+        await asyncio.to_thread(system.stack.remove_instance, instance)

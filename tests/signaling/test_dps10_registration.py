@@ -15,6 +15,7 @@ async def test_dps10_the_registration_message_is_edc_shaped(signaling: Any, cp_t
         "endpoint": "https://signaling.example/dps/v1/dataflows",
         "transferTypes": ["HttpData-PULL"],
         "labels": [],
+        "profiles": ["HttpData-PULL"],  # RC3's name for the same list
     }
 
 
@@ -33,5 +34,6 @@ async def test_dps10_registration_follows_configuration(base_settings: dict[str,
             "endpoint": "https://sig.example/dps/v1/dataflows",
             "transferTypes": ["HttpData-PULL", "https://w3id.org/dspace-sig/profile/http-pull"],
             "labels": ["eu", "sql"],
+            "profiles": ["HttpData-PULL", "https://w3id.org/dspace-sig/profile/http-pull"],
         }
         assert "authorization" not in r.text

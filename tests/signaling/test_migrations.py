@@ -29,6 +29,7 @@ async def test_dps13_migrations_upgrade_an_empty_database_and_downgrade_cleanly(
         ("dps_control_planes", "r"),
         ("dps_outbox", "r"),
         ("dps_client_jtis", "r"),
+        ("dps_callbacks", "r"),
         ("dps_pull_grants", "v"),
     }
     version = await sql(fresh_database, "SELECT version_num FROM alembic_version")

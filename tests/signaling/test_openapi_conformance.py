@@ -56,7 +56,15 @@ def test_openapi_documents_every_route_and_docs_are_served(served: RunningServer
     start = document["paths"]["/dps/v1/dataflows/start"]["post"]
     assert start["security"] == [{"controlPlane": []}]
     codes = start["responses"]["400"]["content"]["application/problem+json"]["schema"]["properties"]["error"]
-    assert set(codes["enum"]) == {"unsupported_transfer_type", "data_address_not_allowed"}
+    assert set(codes["enum"]) == {
+        "unsupported_transfer_type",
+        "data_address_not_allowed",
+        "callback_address_required",
+    }
+    # DPS_ASYNC_SIGNALS: prepare and start may answer 202 with the flow's status as Location
+    for signal in ("prepare", "start"):
+        accepted = document["paths"][f"/dps/v1/dataflows/{signal}"]["post"]["responses"]["202"]
+        assert "Location" in accepted["headers"]
     docs = httpx.get(f"{served.url}/docs")
     assert docs.status_code == 200 and "/openapi.json" in docs.text
 

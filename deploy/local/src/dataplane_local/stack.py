@@ -457,6 +457,28 @@ class Stack:
         self.log(f"service {instance}: ready on {url}")
         return url
 
+    def add_instance(self, name: str, env_overrides: dict[str, str], ready_timeout: float = 120.0) -> str:
+        """One more replica of service `name` beside those `up` started: their settings with
+        `env_overrides`, its own port; started and ready. Returns its instance name."""
+        first = instance_names(name, 1)[0]
+        count = self.replicas[name] + 1
+        instance = instance_names(name, count)[-1]
+        port = infra.free_port()
+        self.replicas[name] = count
+        self.service_ports[instance] = port
+        self.service_envs[instance] = {**self.service_envs[first], **env_overrides, "HTTP_PORT": str(port)}
+        self.start_service(instance, ready_timeout)
+        return instance
+
+    def remove_instance(self, instance: str) -> None:
+        """Stop the replica `add_instance` added last and forget it (its name may be reused)."""
+        name = next(n for n, _ in SERVICES if instance in instance_names(n, self.replicas[n]))
+        if instance != instance_names(name, self.replicas[name])[-1]:
+            raise StackError(f"{instance} is not the last replica of {name}")
+        self.stop_service(instance)
+        self.replicas[name] -= 1
+        del self.service_envs[instance], self.service_ports[instance]
+
     def start_double(self, name: str, ready_timeout: float = 30.0) -> str:
         """(Re)start one development double as `up` started it: same port, same configuration
         file (its runtime state — policy changes, recorded calls, faults — starts afresh)."""

@@ -16,6 +16,7 @@ from pydantic import (
     StrictInt,
     StrictStr,
     ValidationInfo,
+    computed_field,
     field_validator,
     model_validator,
 )
@@ -254,12 +255,19 @@ class DataFlowStatusResponse(TolerantModel):
 
 
 class DataPlaneRegistrationMessage(ContractModel):
-    """DPS-10: the body of EDC's data-plane registration, without the authorization profile."""
+    """DPS-10: the body of EDC's data-plane registration, without the authorization profile; the
+    transfer types under both names (RC2 `transferTypes`, RC3 `profiles`)."""
 
     dataplane_id: StrictStr = Field(alias="dataplaneId")
     endpoint: StrictStr
     transfer_types: list[StrictStr] = Field(alias="transferTypes")
     labels: list[StrictStr]
+
+    @computed_field(alias="profiles")  # type: ignore[prop-decorator]
+    @property
+    def profiles(self) -> list[str]:
+        """RC3's name for the same list: a control plane of either release reads its own."""
+        return list(self.transfer_types)
 
 
 class ControlPlaneRegistrationMessage(TolerantModel):

@@ -49,6 +49,7 @@ ErrorCode = Literal[
     "unsupported_transfer_type",
     "data_address_not_allowed",
     "data_address_required",
+    "callback_address_required",
     "flow_not_found",
     "control_plane_not_found",
     "flow_exists",
@@ -108,6 +109,7 @@ STATUS: dict[str, int] = {
     "unsupported_transfer_type": 400,
     "data_address_not_allowed": 400,
     "data_address_required": 400,
+    "callback_address_required": 400,  # an asynchronous signal with nowhere to send its callback
     "flow_not_found": 404,
     "control_plane_not_found": 404,
     "flow_exists": 409,

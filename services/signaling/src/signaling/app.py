@@ -25,6 +25,7 @@ from dataplane_service_kit.openapi import distribution_version, openapi_document
 from dataplane_service_kit.request_ids import RequestIds
 from dataplane_service_kit.telemetry import FASTAPI_TELEMETRY
 from signaling import audit, metrics
+from signaling.callback_relay import CallbackRelay
 from signaling.callbacks import ControlPlaneClient
 from signaling.catalogue import CatalogueSource
 from signaling.did_web import DidWebResolver
@@ -55,20 +56,36 @@ def _build_dps(settings: Settings, state: AppState) -> Dps:
             token_url=token_url,
             client_id=settings.celine_oidc_client_id,
             client_secret=settings.celine_oidc_client_secret.get_secret_value(),
+            timeout_s=settings.callback_timeout_seconds,  # used for callbacks only
         )
     relay = state.relay
     signer = PullTokenSigner(key, settings.dps_token_key_id, settings.dps_token_ttl_seconds)
     on_commit = relay.wake if relay is not None else (lambda: None)
+    flows = FlowService(
+        state.engine,
+        signer,
+        settings.dps_public_url,
+        list(settings.dps_transfer_types),
+        on_commit=on_commit,
+        refresh_endpoint=settings.refresh_endpoint(),
+        catalogue=CatalogueSource(settings.catalogue_path) if settings.catalogue_path else None,
+        asynchronous=settings.dps_async_signals,
+    )
+    control_planes = ControlPlaneClient(state.http, state.engine, tokens, settings.callback_timeout_seconds)
+    callbacks = CallbackRelay(
+        state.engine,
+        flows,
+        control_planes,
+        first_retry_s=settings.dps_callback_retry_first_seconds,
+        max_retry_s=settings.dps_callback_retry_max_seconds,
+        poll_interval_s=settings.outbox_poll_interval_ms / 1000,
+        # a token fetch and the POST, each bounded by the callback timeout, and a margin
+        attempt_s=2 * settings.callback_timeout_seconds + 1,
+        on_commit=on_commit,
+    )
+    flows.on_callback_owed = callbacks.wake
     return Dps(
-        flows=FlowService(
-            state.engine,
-            signer,
-            settings.dps_public_url,
-            list(settings.dps_transfer_types),
-            on_commit=on_commit,
-            refresh_endpoint=settings.refresh_endpoint(),
-            catalogue=CatalogueSource(settings.catalogue_path) if settings.catalogue_path else None,
-        ),
+        flows=flows,
         verifier=JwtVerifier(
             state.http,
             issuer,
@@ -76,9 +93,7 @@ def _build_dps(settings: Settings, state: AppState) -> Dps:
             jwks_uri=jwks_uri,
             min_refetch_seconds=settings.celine_oidc_jwks_min_refetch_seconds,
         ),
-        control_planes=ControlPlaneClient(
-            state.http, state.engine, tokens, settings.callback_timeout_seconds
-        ),
+        control_planes=control_planes,
         admitted=frozenset(settings.dps_control_plane_clients),
         renewal=TokenRenewal(
             state.engine,
@@ -90,6 +105,7 @@ def _build_dps(settings: Settings, state: AppState) -> Dps:
                 timeout_s=settings.callback_timeout_seconds,
             ),
         ),
+        callbacks=callbacks,
     )
 
 
@@ -135,10 +151,14 @@ def _lifespan(settings: Settings):  # type: ignore[no-untyped-def]
         app.state.signaling = state
         if relay is not None:
             relay.start()
+        if state.dps is not None and settings.dps_callback_relay_enabled:
+            state.dps.callbacks.start()  # delivers what any replica's 202 promised
         log.info("signaling_started", dps_enabled=settings.dps_enabled, relay=relay is not None)
         try:
             yield
         finally:
+            if state.dps is not None:
+                await state.dps.callbacks.stop()
             if relay is not None:
                 await relay.stop()
             await producer.stop()

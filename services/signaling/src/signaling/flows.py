@@ -5,11 +5,13 @@ is returned (so a retired token is gone from the pull-grant view when the 200 le
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from dataplane_contracts.dps import (
+    CallbackAction,
     DataAddress,
     DataFlowPrepareMessage,
     DataFlowStartMessage,
@@ -54,6 +56,19 @@ def _stored(address: DataAddress | None) -> dict[str, Any] | None:
     return None if address is None else address.without_credentials().wire()
 
 
+# a flow's access token and (http-pull) its refresh token, and any renewal's pending pair: retired
+# together
+_CREDENTIAL_COLUMNS = ("token_id", "refresh_hash", "pending_token_id", "pending_refresh_hash")
+
+
+@dataclass(frozen=True)
+class Advanced:
+    """The callback an asynchronous completion sends (`action`, `message`), or none."""
+
+    action: CallbackAction | None
+    message: DataFlowStatusMessage | None
+
+
 def _not_found() -> ServiceError:
     return ServiceError("flow_not_found", "no such data flow")
 
@@ -73,6 +88,7 @@ class FlowService:
         on_commit: Callable[[], None] = lambda: None,
         refresh_endpoint: str = "",
         catalogue: CatalogueSource | None = None,
+        asynchronous: bool = False,
     ) -> None:
         self._engine = engine
         self._signer = signer
@@ -81,6 +97,9 @@ class FlowService:
         self._on_commit = on_commit
         self._refresh_endpoint = refresh_endpoint
         self._catalogue = catalogue
+        self.asynchronous = asynchronous
+        # set by whoever delivers the callbacks (app.py: the CallbackRelay's wake)
+        self.on_callback_owed: Callable[[], None] = lambda: None
 
     def _check_type(self, transfer_type: str) -> str:
         """The type as this data plane records it (the http-pull profile under its URI)."""
@@ -117,14 +136,29 @@ class FlowService:
             self._public_url, pair.access_token, pair.refresh_token, pair.expires_in, self._refresh_endpoint
         )
 
-    async def _create(self, flow: FlowRecord, values: dict[str, Any], signal: FlowSignal) -> None:
+    async def _create(
+        self, flow: FlowRecord, values: dict[str, Any], signal: FlowSignal, owed: CallbackAction | None = None
+    ) -> None:
+        """Insert the flow with its event; an asynchronous signal's callback (`owed`) in the same
+        transaction, refused up front when it could go nowhere (fail closed: a 202 promises it)."""
         async with self._engine.begin() as conn:
+            if owed is not None and not (
+                flow.callback_address or await repository.registered_endpoint(conn, flow.caller)
+            ):
+                raise ServiceError(
+                    "callback_address_required",
+                    "an asynchronous signal needs a callbackAddress or a registered control plane",
+                )
             try:
                 await repository.insert_flow(conn, values)
             except FlowExists:
                 raise ServiceError("flow_exists", "a data flow with this id exists") from None
             await repository.add_event(conn, _event(flow, signal, None, flow.state), kafka_headers())
+            if owed is not None:
+                await repository.add_callback(conn, flow.id, owed)
         self._on_commit()
+        if owed is not None:
+            self.on_callback_owed()
 
     @staticmethod
     def _new_values(
@@ -172,27 +206,73 @@ class FlowService:
 
     # ------------------------------------------------------------------ creation
     async def prepare(self, msg: DataFlowPrepareMessage, caller: str) -> DataFlowStatusMessage:
-        """DPS-04: the consumer side; PREPARED, no data address."""
+        """DPS-04: the consumer side; PREPARED, no data address. Asynchronous: PREPARING, and the
+        `prepared` callback owes the rest (`advance`)."""
         transfer_type = self._check_type(msg.transfer_type)
-        values = self._new_values(msg, FlowRole.CONSUMER, FlowState.PREPARED, caller)
+        state = FlowState.PREPARING if self.asynchronous else FlowState.PREPARED
+        values = self._new_values(msg, FlowRole.CONSUMER, state, caller)
         values["transfer_type"] = transfer_type
-        await self._create(self._record(values), values, "prepare")
-        return DataFlowStatusMessage(data_flow_id=msg.flow_id, state=FlowState.PREPARED)
+        await self._create(self._record(values), values, "prepare", "prepared" if self.asynchronous else None)
+        return DataFlowStatusMessage(data_flow_id=msg.flow_id, state=state)
 
     async def start(self, msg: DataFlowStartMessage, caller: str) -> DataFlowStatusMessage:
-        """DPS-05/06: the provider side of a pull; STARTED with the pull address and a new token."""
+        """DPS-05/06: the provider side of a pull; STARTED with the pull address and a new token.
+        Asynchronous: STARTING without a token; the `started` callback carries the address."""
         transfer_type = self._check_type(msg.transfer_type)
         if msg.data_address is not None:
             raise ServiceError("data_address_not_allowed", "a pull start must not carry a data address")
+        # frozen when the start arrives, for the life of the flow: nothing writes this column again
+        # (resume and an asynchronous start's completion keep it)
+        frozen = frozen_extensions(self._catalogue, msg.dataset_id, msg.metadata)
+        if self.asynchronous:
+            values = self._new_values(msg, FlowRole.PROVIDER, FlowState.STARTING, caller)
+            values["transfer_type"] = transfer_type
+            values["grant_extensions"] = frozen
+            await self._create(self._record(values), values, "start", "started")
+            return DataFlowStatusMessage(data_flow_id=msg.flow_id, state=FlowState.STARTING)
         values = self._new_values(msg, FlowRole.PROVIDER, FlowState.STARTED, caller)
         values["transfer_type"] = transfer_type
-        # frozen now, for the life of the flow: nothing writes this column again (resume keeps it)
-        values["grant_extensions"] = frozen_extensions(self._catalogue, msg.dataset_id, msg.metadata)
+        values["grant_extensions"] = frozen
         credentials, address = self._issue(self._record(values))
         values.update(credentials)
         await self._create(self._record(values), values, "start")
         metrics.TOKENS_ISSUED.inc()
         return DataFlowStatusMessage(data_flow_id=msg.flow_id, state=FlowState.STARTED, data_address=address)
+
+    # ------------------------------------------------------------------ asynchronous completion
+    async def advance(self, conn: AsyncConnection, flow: FlowRecord, action: str) -> Advanced:
+        """What an owed `prepared`/`started` callback says, the flow (locked by the caller's
+        transaction) moved on first: PREPARING → PREPARED; STARTING → STARTED with new
+        credentials. A flow already there (an earlier attempt's answer never confirmed) is
+        announced again; a provider flow gets new credentials again, the previous ones dying with
+        them: only the address sent last is live. A flow that went elsewhere meanwhile
+        (terminated) owes nothing more; one whose transfer type this data plane no longer serves
+        is terminated and `errored` is sent."""
+        target = {"prepared": FlowState.PREPARED, "started": FlowState.STARTED}.get(action)
+        if target is None:
+            raise ValueError(f"no asynchronous completion named {action!r}")
+        moving = flow.state is {"prepared": FlowState.PREPARING, "started": FlowState.STARTING}[action]
+        if not moving and flow.state is not target:
+            return Advanced(None, None)  # it went elsewhere (terminated): nothing left to announce
+        if flow.role is FlowRole.CONSUMER:  # prepared: the only consumer completion
+            if moving:
+                await self._commit_transition(conn, flow, "prepare", target, {})
+            return Advanced("prepared", DataFlowStatusMessage(data_flow_id=flow.id, state=target))
+        if canonical_transfer_type(flow.transfer_type) not in self._types:
+            retired = dict.fromkeys(_CREDENTIAL_COLUMNS)
+            await self._commit_transition(conn, flow, "terminate", FlowState.TERMINATED, retired)
+            why = "this data plane no longer serves the flow's transfer type"
+            ended = DataFlowStatusMessage(data_flow_id=flow.id, state=FlowState.TERMINATED, error=why)
+            return Advanced("errored", ended)
+        credentials, address = self._issue(flow)
+        if moving:
+            await self._commit_transition(conn, flow, "start", target, credentials)
+        else:
+            await repository.update_flow(conn, flow.id, credentials)
+        metrics.TOKENS_ISSUED.inc()
+        return Advanced(
+            "started", DataFlowStatusMessage(data_flow_id=flow.id, state=target, data_address=address)
+        )
 
     # ------------------------------------------------------------------ transitions (DPS-07)
     async def _commit_transition(
@@ -217,7 +297,7 @@ class FlowService:
                 return  # idempotent: nothing changes, no event
             # the access token and (http-pull) its refresh token die together, and any renewal's
             # pending pair with them
-            retired = dict.fromkeys(("token_id", "refresh_hash", "pending_token_id", "pending_refresh_hash"))
+            retired = dict.fromkeys(_CREDENTIAL_COLUMNS)
             await self._commit_transition(conn, flow, signal, target, retired)
         self._on_commit()
         if flow.token_id is not None:

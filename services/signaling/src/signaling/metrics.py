@@ -18,6 +18,11 @@ FLOWS = Gauge("signaling_flows", "Data flows in the database by state", ["state"
 SIGNALS = Counter("signaling_signals_total", "Signals received by signal and outcome", ["signal", "outcome"])
 TOKENS_ISSUED = Counter("signaling_pull_tokens_issued_total", "Pull tokens issued")
 TOKENS_RETIRED = Counter("signaling_pull_tokens_retired_total", "Pull tokens retired")
+CALLBACKS = Counter(
+    "signaling_callbacks_total",
+    "DPS-12 callback attempts of asynchronous signals by action and outcome (delivered, failed, dropped)",
+    ["action", "outcome"],
+)
 EVENTS_PUBLISHED = Counter("signaling_flow_events_published_total", "Outbox rows published to Kafka")
 
 

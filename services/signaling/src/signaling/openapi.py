@@ -35,9 +35,24 @@ def signal(
     ok_status: int = 200,
     ok_description: str = "done",
     description: str | None = None,
+    accepted: bool = False,
 ) -> dict[str, Any]:
-    """The route decorator's documentation arguments of one signal."""
+    """The route decorator's documentation arguments of one signal; `accepted`: it may answer
+    202 (DPS_ASYNC_SIGNALS) with the same body and a Location."""
     answer: dict[str, Any] = {"description": ok_description, "headers": REQUEST_ID}
+    pending: dict[int, Any] = {}
+    if accepted and ok is not None:
+        pending[202] = {
+            "description": "accepted (DPS_ASYNC_SIGNALS): PREPARING / STARTING; the DPS-12 callback "
+            "`prepared` / `started` follows",
+            "model": ok,
+            "headers": {
+                "Location": {
+                    "description": "the flow's status: /dps/v1/dataflows/{id}/status",
+                    "schema": {"type": "string"},
+                }
+            },
+        }
     kwargs: dict[str, Any] = {}
     if ok is not None:
         answer["model"] = ok
@@ -48,7 +63,11 @@ def signal(
         "summary": summary,
         "description": description,
         "status_code": ok_status,
-        "responses": {ok_status: answer, **error_responses(*codes, headers={401: BEARER_CHALLENGE})},
+        "responses": {
+            ok_status: answer,
+            **pending,
+            **error_responses(*codes, headers={401: BEARER_CHALLENGE}),
+        },
         "openapi_extra": {"security": [{"controlPlane": []}]},
     }
 
@@ -59,10 +78,24 @@ SPELLINGS = (
     "or `processId`, the transfer type from `transferType` (RC2) or `profile` (RC3+)."
 )
 
+ASYNCHRONOUS = (
+    " With `DPS_ASYNC_SIGNALS=true` the answer is 202 with PREPARING / STARTING (a start without "
+    "its data address) and a `Location` of the flow's status; the transition is finished in the "
+    "background and announced by the DPS-12 callback (`prepared` / `started`, the latter with the "
+    "data address) to the `callbackAddress`, else the caller's registered endpoint; with neither, "
+    "400 `callback_address_required`."
+)
+
 REGISTRATION = _SIGNAL
 CONTROL_PLANE_PUT = (*_STORED, "invalid_message", "control_plane_taken")
 CONTROL_PLANE_DELETE = (*_BY_ID, "control_plane_not_found")
-PREPARE = (*_STORED, "invalid_message", "unsupported_transfer_type", "flow_exists")
+PREPARE = (
+    *_STORED,
+    "invalid_message",
+    "unsupported_transfer_type",
+    "flow_exists",
+    "callback_address_required",
+)
 # not_ready: a start asking for range filters while the catalogue cannot be read (docs/records.md)
 START = (*PREPARE, "data_address_not_allowed", "not_ready")
 START_DESCRIPTION = (

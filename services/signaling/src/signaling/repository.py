@@ -3,8 +3,9 @@ the service layer decides where a unit of work begins and commits."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, select, update
@@ -14,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from dataplane_contracts.dps import DataAddress, FlowRole, FlowState, FlowStateChanged
 from dataplane_contracts.topics import FLOW_EVENTS
-from signaling.tables import client_jtis, control_planes, data_flows, outbox
+from signaling.tables import callbacks, client_jtis, control_planes, data_flows, outbox
 
 
 class FlowExists(Exception):
@@ -122,6 +123,12 @@ async def remember_client_jti(conn: AsyncConnection, issuer: str, jti: str, expi
     return (await conn.execute(stmt)).first() is not None
 
 
+async def lock_flow_by_id(conn: AsyncConnection, flow_id: str) -> FlowRecord | None:
+    """A flow whoever created it, locked like `lock_flow` (the callback relay's side)."""
+    row = (await conn.execute(select(data_flows).where(data_flows.c.id == flow_id).with_for_update())).first()
+    return None if row is None else FlowRecord.from_row(row)
+
+
 async def get_flow(conn: AsyncConnection, flow_id: str, caller: str) -> FlowRecord | None:
     stmt = select(data_flows).where(data_flows.c.id == flow_id, data_flows.c.caller == caller)
     row = (await conn.execute(stmt)).first()
@@ -192,3 +199,71 @@ async def add_event(conn: AsyncConnection, event: FlowStateChanged, headers: lis
             created_at=now(),
         )
     )
+
+
+# ------------------------------------------------------------------ callbacks owed (async signals)
+
+
+@dataclass(frozen=True)
+class OwedCallback:
+    id: int
+    flow_id: str
+    action: str
+    attempts: int
+
+
+async def add_callback(conn: AsyncConnection, flow_id: str, action: str) -> None:
+    """Written in the transaction that creates the PREPARING/STARTING flow it will announce."""
+    stamp = now()
+    await conn.execute(
+        callbacks.insert().values(
+            flow_id=flow_id, action=action, attempts=0, next_attempt_at=stamp, created_at=stamp
+        )
+    )
+
+
+async def claim_callback(conn: AsyncConnection, lease: Callable[[int], timedelta]) -> OwedCallback | None:
+    """The oldest due callback no other transaction holds, leased: its next attempt is pushed
+    `lease(attempt)` ahead now, so no other replica takes it while this attempt may still run,
+    and if this process dies before it is finished it is due again then."""
+    row = (
+        await conn.execute(
+            select(callbacks.c.id, callbacks.c.flow_id, callbacks.c.action, callbacks.c.attempts)
+            .where(callbacks.c.finished_at.is_(None), callbacks.c.next_attempt_at <= now())
+            .order_by(callbacks.c.next_attempt_at, callbacks.c.id)
+            .limit(1)
+            .with_for_update(skip_locked=True)
+        )
+    ).first()
+    if row is None:
+        return None
+    owed = OwedCallback(row.id, row.flow_id, row.action, row.attempts + 1)
+    await conn.execute(
+        update(callbacks)
+        .where(callbacks.c.id == owed.id)
+        .values(attempts=owed.attempts, next_attempt_at=now() + lease(owed.attempts))
+    )
+    return owed
+
+
+async def finish_callback(conn: AsyncConnection, callback_id: int, outcome: str) -> None:
+    await conn.execute(
+        update(callbacks)
+        .where(callbacks.c.id == callback_id)
+        .values(finished_at=now(), outcome=outcome, last_error=None)
+    )
+
+
+async def callback_failed(conn: AsyncConnection, callback_id: int, reason: str, retry_in: timedelta) -> None:
+    """The attempt failed: due again `retry_in` from now (replacing the claim's longer lease)."""
+    await conn.execute(
+        update(callbacks)
+        .where(callbacks.c.id == callback_id)
+        .values(last_error=reason[:255], next_attempt_at=now() + retry_in)
+    )
+
+
+async def next_callback_due(conn: AsyncConnection) -> datetime | None:
+    stmt = select(func.min(callbacks.c.next_attempt_at)).where(callbacks.c.finished_at.is_(None))
+    due: datetime | None = (await conn.execute(stmt)).scalar()
+    return due

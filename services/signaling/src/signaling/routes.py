@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, quote
 
 from fastapi import APIRouter, Body, Depends, Request, Response
 from fastapi.responses import JSONResponse
@@ -27,6 +27,7 @@ from dataplane_contracts.dps import (
     DataFlowSuspendMessage,
     DataFlowTerminateMessage,
     DataPlaneRegistrationMessage,
+    FlowState,
 )
 from dataplane_service_kit.errors import ServiceError
 from signaling import metrics, repository
@@ -86,7 +87,15 @@ def _ok(signal: str) -> None:
     metrics.SIGNALS.labels(signal=signal, outcome="ok").inc()
 
 
+_PENDING = frozenset({FlowState.PREPARING, FlowState.STARTING})
+
+
 def _status(msg: DataFlowStatusMessage) -> JSONResponse:
+    """200 with the flow's state; an asynchronous signal's PREPARING/STARTING is 202 with the
+    flow's status as its Location (the DPS-12 callback says the rest)."""
+    if msg.state in _PENDING:
+        location = f"{SIGNALING_PATH}/{quote(msg.data_flow_id, safe='')}/status"
+        return JSONResponse(msg.wire(), status_code=202, headers={"Location": location})
     return JSONResponse(msg.wire())
 
 
@@ -148,7 +157,8 @@ async def delete_control_plane(controlplane_id: str, caller: Caller, request: Re
         "Prepare a consumer-side flow (DPS-04)",
         *api.PREPARE,
         ok=DataFlowStatusMessage,
-        description=api.SPELLINGS,
+        description=api.SPELLINGS + api.ASYNCHRONOUS,
+        accepted=True,
     ),
 )
 async def prepare(msg: DataFlowPrepareMessage, caller: Caller, dps: DpsDep) -> JSONResponse:
@@ -163,7 +173,8 @@ async def prepare(msg: DataFlowPrepareMessage, caller: Caller, dps: DpsDep) -> J
         "Start a provider-side pull flow: the pull address and its token (DPS-05, DPS-06)",
         *api.START,
         ok=DataFlowStatusMessage,
-        description=api.START_DESCRIPTION,
+        description=api.START_DESCRIPTION + api.ASYNCHRONOUS,
+        accepted=True,
     ),
 )
 async def start(msg: DataFlowStartMessage, caller: Caller, dps: DpsDep) -> JSONResponse:

@@ -96,6 +96,14 @@ class Settings(HttpSettings, KafkaSettings, OidcSettings):
     # the gateway's catalogue, read to freeze a flow's client range filters when it starts
     # (docs/records.md); unset: no range filters are offered, and a start asking for them is refused
     catalogue_path: str | None = None
+    # asynchronous prepare/start: 202 with PREPARING/STARTING, the transition finished in the
+    # background and announced by a DPS-12 callback, retried from the first delay doubling up to
+    # the last. Every replica with DPS_CALLBACK_RELAY_ENABLED delivers what any replica owes,
+    # whatever its own DPS_ASYNC_SIGNALS
+    dps_async_signals: bool = False
+    dps_callback_relay_enabled: bool = True
+    dps_callback_retry_first_seconds: float = Field(default=1.0, gt=0)
+    dps_callback_retry_max_seconds: float = Field(default=60.0, gt=0)
 
     # a token of an unknown kid inside this interval waits for its end (docs/gateway.md, "Key sets")
     celine_oidc_jwks_min_refetch_seconds: float = Field(default=1.0, ge=0, le=60)

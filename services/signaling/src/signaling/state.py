@@ -9,6 +9,7 @@ from aiokafka import AIOKafkaProducer
 from fastapi import Request
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from signaling.callback_relay import CallbackRelay
 from signaling.callbacks import ControlPlaneClient
 from signaling.flows import FlowService
 from signaling.metrics import FlowGauge
@@ -25,6 +26,7 @@ class Dps:
     control_planes: ControlPlaneClient
     admitted: frozenset[str]
     renewal: TokenRenewal
+    callbacks: CallbackRelay
 
 
 @dataclass

@@ -10,6 +10,8 @@ from sqlalchemy import (
     BigInteger,
     Column,
     DateTime,
+    ForeignKey,
+    Integer,
     MetaData,
     String,
     Table,
@@ -77,4 +79,20 @@ outbox = Table(
     Column("headers", JSONB, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("sent_at", DateTime(timezone=True), nullable=True),
+)
+
+# the DPS-12 callbacks an asynchronous prepare or start owes (migration 0005); no credential: the
+# message is built when it is sent
+callbacks = Table(
+    "dps_callbacks",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("flow_id", String(255), ForeignKey("dps_data_flows.id", ondelete="CASCADE"), nullable=False),
+    Column("action", String(16), nullable=False),
+    Column("attempts", Integer, nullable=False),
+    Column("next_attempt_at", DateTime(timezone=True), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("finished_at", DateTime(timezone=True), nullable=True),
+    Column("outcome", String(16), nullable=True),
+    Column("last_error", String(255), nullable=True),
 )

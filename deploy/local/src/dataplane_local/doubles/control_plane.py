@@ -1,6 +1,6 @@
 """A control-plane double: receives DPS callbacks (`POST [{prefix}]/transfers/{id}/dataflow/{action}`,
 under any base path) and records each with its path, body and Authorization header; `status` sets
-what it answers (other paths get 404).
+what it answers (other paths get 404), `delay_s` how long it takes to answer.
 
     cp, server = start_control_plane()
     ... signaling calls f"{server.url}/transfers/t1/dataflow/started" ...
@@ -9,6 +9,7 @@ what it answers (other paths get 404).
 
 from __future__ import annotations
 
+import asyncio
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,7 @@ class Callback:
 @dataclass
 class ControlPlaneDouble:
     status: int = 200
+    delay_s: float = 0.0
     calls: list[Callback] = field(default_factory=list)
 
     def app(self) -> FastAPI:
@@ -59,6 +61,8 @@ class ControlPlaneDouble:
                     request.headers.get("authorization"),
                 )
             )
+            if self.delay_s > 0:  # a slow control plane: the call is recorded, the answer waits
+                await asyncio.sleep(self.delay_s)
             if self.status >= 300:
                 return JSONResponse({"error": "refused"}, status_code=self.status)
             return Response(status_code=self.status)
