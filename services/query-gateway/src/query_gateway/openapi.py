@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dataplane_service_kit.errors import PROBLEM_JSON
 from dataplane_service_kit.openapi import REQUEST_ID, error_responses, error_schema
 
 
@@ -210,15 +211,12 @@ def _profile_status(responses: dict[int | str, dict[str, Any]]) -> dict[int | st
     """`invalid_request` also at 400: the records routes answer a malformed query string with
     the range-filter profile's status (a path parameter FastAPI refuses stays 422)."""
     listed = responses.get(400)
-    codes = (
-        tuple(listed["content"]["application/json"]["schema"]["properties"]["error"]["enum"])
-        if listed
-        else ()
-    )
+    codes = tuple(listed["content"][PROBLEM_JSON]["schema"]["properties"]["error"]["enum"]) if listed else ()
     merged = (*codes, "invalid_request")
     responses[400] = {
         "description": "the request cannot be served as sent: " + ", ".join(f"`{c}`" for c in merged),
-        "content": {"application/json": {"schema": error_schema(merged)}},
+        "content": {PROBLEM_JSON: {"schema": error_schema(merged, 400)}},
+        "headers": REQUEST_ID,
     }
     return responses
 
