@@ -22,7 +22,7 @@ from opentelemetry import trace
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from dataplane_service_kit.errors import ServiceError, error_response, validation_detail
+from dataplane_service_kit.errors import ServiceError, error_response, problem_response, validation_detail
 from dataplane_service_kit.logs import get_logger
 from dataplane_service_kit.request_ids import HEADER, from_scope, request_id, with_request_id
 from dataplane_service_kit.telemetry import ServerSpans, answered
@@ -77,7 +77,9 @@ async def _guarded(
     except ServiceError as exc:
         ctx.failed(exc.code, exc.status_code)
         REQUESTS.labels(route, str(exc.status_code), exc.code).inc()
-        return error_response(exc.code, exc.detail, {**(exc.headers or {}), HEADER: ctx.request_id})
+        # the error's own status: a code's fixed one, or the records profile's 400 (RequestRefused)
+        headers = {**(exc.headers or {}), HEADER: ctx.request_id}
+        return problem_response(exc.code, exc.status_code, exc.detail, headers)
     except Exception:
         ctx.failed("internal_error", 500)
         REQUESTS.labels(route, "500", "internal_error").inc()

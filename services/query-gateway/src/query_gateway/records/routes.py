@@ -10,7 +10,7 @@ from fastapi import APIRouter, FastAPI, Path, Request
 from fastapi.responses import JSONResponse, Response
 
 from dataplane_contracts.records import PROFILE_URI
-from dataplane_service_kit.errors import ServiceError, encodable
+from dataplane_service_kit.errors import ServiceError, problem_response
 from query_gateway import openapi as api
 from query_gateway.access_log import AccessContext
 from query_gateway.gateway import Gateway
@@ -127,8 +127,7 @@ def install_profile_errors(app: FastAPI) -> None:
 
     async def on_refused(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ServiceError)
-        body = {"error": exc.code, "detail": encodable(exc.detail)}
-        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+        return problem_response(exc.code, exc.status_code, exc.detail, exc.headers)
 
     app.add_exception_handler(RequestRefused, on_refused)
 
