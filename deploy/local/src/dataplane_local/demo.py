@@ -35,8 +35,6 @@ import yaml
 from dataplane_local import provision
 from dataplane_local.demo_show import _JWT, mask_verdict_keys, one_line, redact, redact_json, show_body
 
-__all__ = ["redact", "show_body"]
-
 DEPLOY_LOCAL = Path(__file__).resolve().parents[2]
 DEMO_AGREEMENT = "agr-demo"
 DEMO_CONSUMER = "did:web:consumer.example"
