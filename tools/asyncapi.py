@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import inspect
 import sys
 from dataclasses import dataclass
 from importlib import metadata
@@ -147,6 +148,13 @@ def _headers(channel: Channel) -> dict[str, Any]:
     return {"type": "object", "properties": properties}
 
 
+def _summary(doc: str) -> str:
+    """A docstring's first paragraph on one line. Python 3.13 strips a docstring's indentation when
+    compiling it and 3.11 keeps it, so the text is cleaned and its whitespace collapsed: the same
+    document on every supported Python."""
+    return " ".join(inspect.cleandoc(doc).split("\n\n")[0].split())
+
+
 def _operation_id(action: str, channel: Channel) -> str:
     return f"{action}{channel.event.__name__}"
 
@@ -177,7 +185,7 @@ def document() -> dict[str, Any]:
         messages[name] = {
             "name": name,
             "title": name,
-            "summary": (c.event.__doc__ or name).split("\n\n")[0].replace("\n", " ").strip(),
+            "summary": _summary(c.event.__doc__ or name),
             "contentType": "application/json",
             "headers": _headers(c),
             "payload": {"$ref": _REF.format(model=name)},

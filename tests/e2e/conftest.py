@@ -1,7 +1,8 @@
 """One running system per test session: `Stack.up` (the code behind `dataplane-local up`) in a
 temporary state directory, with two gateway replicas and two resolvers, every service exporting its
-spans to an OTLP receiver double started here; stopped at the end, where `down` must exit 0 and no
-process the stack started — nor any process those started — may survive it."""
+spans to the stack's own OTLP receiver (read back from its span store); stopped at the end, where
+`down` must exit 0 and no process the stack started — nor any process those started — may survive
+it."""
 
 from __future__ import annotations
 
@@ -17,10 +18,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 
 from dataplane_local.demo import StackInfo
-from dataplane_local.doubles.otlp_receiver import OtlpReceiver, create_app
-from dataplane_local.doubles.server import serve_in_thread
 from dataplane_local.procs import process_tree, survivors
-from dataplane_local.stack import Stack, missing_services
+from dataplane_local.stack import TRACES_FILE, Stack, missing_services
+from dataplane_local.traces import StoredSpans
 
 _spec = importlib.util.spec_from_file_location("e2e_support", Path(__file__).with_name("e2e_support.py"))
 assert _spec is not None and _spec.loader is not None
@@ -38,8 +38,6 @@ async def system() -> AsyncIterator[object]:
     missing = missing_services()
     if missing:
         pytest.fail(f"services not available: {missing}")
-    receiver = OtlpReceiver()
-    otlp = serve_in_thread(create_app(receiver))
     lines: list[str] = []
     with tempfile.TemporaryDirectory(prefix="dataplane-e2e-") as tmp:
         root = Path(tmp) / "stack"
@@ -47,7 +45,6 @@ async def system() -> AsyncIterator[object]:
             root,
             log=lines.append,
             env_overrides={
-                "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.url,
                 "OTEL_BSP_SCHEDULE_DELAY": "200",
                 "OTEL_TRACES_SAMPLER": "always_on",
                 "ROW_FILTERS_RESOLVE_TIMEOUT_MS": str(RESOLVE_TIMEOUT_MS),
@@ -69,7 +66,7 @@ async def system() -> AsyncIterator[object]:
                     yield support.System(
                         stack=stack,
                         info=StackInfo.load(root),
-                        receiver=receiver,
+                        receiver=StoredSpans(root / TRACES_FILE),
                         root=root,
                         http=http,
                         kafka=kafka,
@@ -82,7 +79,6 @@ async def system() -> AsyncIterator[object]:
             # longer be found under the pids `down` knows about
             started = process_tree([r.pid for r in stack.pidfile.load()])
             down_rc = await asyncio.to_thread(stack.down)
-            otlp.stop()
             left = await _survivors_of(started)
             if down_rc != 0 or left:
                 pytest.fail(

@@ -1,12 +1,14 @@
 """The running system for the end-to-end tests: the local stack (every service a real process, two
-gateway replicas, two resolvers), an OTLP receiver double, and small clients for the doubles and the
+gateway replicas, two resolvers, its OTLP receiver's span store), and small clients for the doubles and the
 broker. Imported as `e2e_support` (see conftest: --import-mode=importlib puts no test dir on
 sys.path)."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
+import sys
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,8 +19,8 @@ import yaml
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from dataplane_local.demo import DEMO_AGREEMENT, DEMO_CONSUMER, StackInfo
-from dataplane_local.doubles.otlp_receiver import OtlpReceiver
 from dataplane_local.stack import DEPLOY_LOCAL, Stack
+from dataplane_local.traces import StoredSpans
 
 # alice owns meters on these pods in deploy/local/rec-registry.yaml (the resolver's lookup answer)
 ALICE_USER_ID = "u-alice"
@@ -31,7 +33,7 @@ POD_SQL = "SELECT DISTINCT pod FROM meter_readings ORDER BY pod"
 class System:
     stack: Stack
     info: StackInfo
-    receiver: OtlpReceiver
+    receiver: StoredSpans
     root: Path
     http: httpx.AsyncClient
     kafka: AIOKafkaConsumer
@@ -125,6 +127,23 @@ class System:
         assert partitions, f"topic {topic} has no partitions"
         ends = await self.kafka.end_offsets([TopicPartition(topic, p) for p in sorted(partitions)])
         return sum(ends.values())
+
+
+async def local_cli(root: Path, *args: str, timeout: float = 180) -> tuple[int, str]:
+    """`dataplane-local --dir ROOT ARGS...` as a user runs it: (exit status, stdout and stderr)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "dataplane_local.cli",
+        "--dir",
+        str(root),
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), timeout)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode()
 
 
 def demo_policy() -> dict[str, Any]:

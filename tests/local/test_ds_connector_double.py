@@ -191,6 +191,32 @@ def test_faults_by_count_and_by_participant_over_http(ds: tuple[DsConnectorDoubl
     assert httpx.get(f"{server.url}/_calls").json() == []
 
 
+def test_consent_withdrawn_at_runtime_narrows_the_next_decision_and_can_be_granted_again(
+    ds: tuple[DsConnectorDouble, RunningServer],
+) -> None:
+    """The demo's live withdrawal: one subject's consent changes over HTTP, the rest of the
+    policy (and the signing key) stays; each authorize call records the decision it answered."""
+    state, server = ds
+    token = state.mint_edr("did:web:consumer.example", "agr-1")
+    control = f"{server.url}/_control"
+    change = {"action": "consent", "consent": "meters", "subject_did": "did:web:bob.example"}
+    assert httpx.post(control, json={**change, "withdrawn": True}).status_code == 200
+    narrowed = authorize(server.url, "agr-1", ["meter_readings"]).json()["datasets"][0]["row_filter"]
+    assert narrowed["keys"] == ["pod:P1"] and narrowed["subject_dids"] == ["did:web:alice.example"]
+    assert httpx.post(control, json={**change, "withdrawn": False}).status_code == 200
+    again = authorize(server.url, "agr-1", ["meter_readings"]).json()["datasets"][0]["row_filter"]
+    assert again["keys"] == ["pod:P1", "pod:P2"]
+    unknown = {**change, "subject_did": "did:web:nobody.example", "withdrawn": True}
+    assert httpx.post(control, json=unknown).status_code == 422
+    keys = httpx.get(f"{server.url}/internal/edr-jwks").json()["keys"]
+    assert jwt.decode(
+        token, jwt.PyJWK.from_dict(keys[0]).key, algorithms=["ES256"], options={"verify_aud": False}
+    )
+    calls = httpx.get(f"{server.url}/_calls", params={"endpoint": "authorize"}).json()
+    answers = [c["answer"]["datasets"][0]["row_filter"]["keys"] for c in calls]
+    assert answers == [["pod:P1"], ["pod:P1", "pod:P2"]]
+
+
 def test_policy_replaced_and_edr_minted_over_http(ds: tuple[DsConnectorDouble, RunningServer]) -> None:
     _, server = ds
     before = httpx.get(f"{server.url}/internal/edr-jwks").json()

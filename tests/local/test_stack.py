@@ -104,6 +104,27 @@ def check_doubles(env: dict[str, str]) -> None:
     assert [a["sensor_id"] for a in assets.json()["items"]] == ["IT001E00000001", "IT001E00000003", None]
 
 
+def check_otlp_receiver(root: Path, env: dict[str, str]) -> None:
+    """The services export their spans to the stack's own OTLP receiver, which keeps them in the
+    state directory for `dataplane-local traces`."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from dataplane_local.stack import TRACES_FILE
+    from dataplane_local.traces import load_spans
+
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == env["DATAPLANE_OTLP_URL"]
+    request = ExportTraceServiceRequest()
+    spans = request.resource_spans.add().scope_spans.add().spans
+    spans.add(trace_id=b"\x01" * 16, span_id=b"\x02" * 8, name="probe", kind=2)
+    answer = httpx.post(
+        f"{env['OTEL_EXPORTER_OTLP_ENDPOINT']}/v1/traces",
+        content=request.SerializeToString(),
+        headers={"content-type": "application/x-protobuf"},
+    )
+    assert answer.status_code == 200, answer.text
+    assert [s.name for s in load_spans(root / TRACES_FILE)] == ["probe"]
+
+
 def up_and_check(root: Path, env: dict[str, str] | None = None) -> dict[int, str | None]:
     result = cli(root, "up", "--infra-only", env=env)
     try:
@@ -124,6 +145,7 @@ def _checked_up(root: Path) -> dict[int, str | None]:
     assert (root / "stack.env").read_text().count("DPS_TOKEN_SIGNING_KEY='-----BEGIN PRIVATE KEY") == 1
     asyncio.run(check_infra(stack_env))
     check_doubles(stack_env)
+    check_otlp_receiver(root, stack_env)
     status = cli(root, "status")
     assert status.returncode == 0, status.stdout
     return process_tree([p["pid"] for p in recorded(root)])
@@ -142,7 +164,7 @@ def test_up_infra_only_then_down_leaves_no_process_and_second_up_works(tmp_path:
     first = up_and_check(root)
     try:
         names = [p["name"] for p in recorded(root)]
-        assert names == ["kafka", "postgres", "redis", "oidc", "ds-connector", "rec-registry"]
+        assert names == ["kafka", "postgres", "redis", "oidc", "ds-connector", "rec-registry", "otlp"]
         again = cli(root, "up", "--infra-only")
         assert again.returncode == 1 and "already running" in again.stdout
     finally:
@@ -165,7 +187,7 @@ def test_status_names_a_dead_broker_and_says_restart(
     assert result.returncode == 0, result.stdout + result.stderr
     procs = recorded(root)
     try:
-        assert [p["name"] for p in procs] == ["kafka", "oidc", "ds-connector", "rec-registry"]
+        assert [p["name"] for p in procs] == ["kafka", "oidc", "ds-connector", "rec-registry", "otlp"]
         kafka = next(p for p in procs if p["name"] == "kafka")
         os.kill(kafka["pid"], 9)
         status = cli(root, "status")
@@ -190,7 +212,7 @@ def test_existing_servers_replace_embedded_ones(
         "DATAPLANE_KAFKA_BOOTSTRAP": kafka_bootstrap,
     }
     running = up_and_check(root, env)
-    assert [p["name"] for p in recorded(root)] == ["oidc", "ds-connector", "rec-registry"]
+    assert [p["name"] for p in recorded(root)] == ["oidc", "ds-connector", "rec-registry", "otlp"]
     stack_env = read_env(root)
     assert stack_env["KAFKA_BOOTSTRAP_SERVERS"] == kafka_bootstrap
     assert stack_env["REDIS_URL"] == redis_server_url

@@ -1,5 +1,5 @@
-"""`dataplane-local up | down | status | restart NAME | demo`: the one-command local system (no
-Docker)."""
+"""`dataplane-local up | down | status | restart NAME | demo | traces`: the one-command local system
+(no Docker)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
         help="start without the services whose code does not exist yet (reported)",
     )
     up.add_argument("--ready-timeout", type=float, default=120.0, help="seconds to wait per service")
-    up.add_argument("--gateways", type=int, default=1, help="query-gateway replicas (own port each)")
+    # two gateway replicas by default: the demo shows a revocation taking effect on both
+    up.add_argument("--gateways", type=int, default=2, help="query-gateway replicas (own port each)")
     up.add_argument("--resolvers", type=int, default=1, help="filter-resolver replicas")
     sub.add_parser("down", help="stop everything that `up` started")
     restart = sub.add_parser(
@@ -51,9 +52,19 @@ def main(argv: list[str] | None = None) -> int:
     restart.add_argument("--ready-timeout", type=float, default=120.0, help="seconds to wait until ready")
     sub.add_parser("status", help="show each process; exit 1 when one is dead")
     sub.add_parser("demo", help="tell the dataspace story against the running stack, request by request")
+    traces = sub.add_parser("traces", help="draw the last requests as a waterfall across the services")
+    traces.add_argument("--last", type=int, default=5, help="how many traces (the latest; default 5)")
+    traces.add_argument("--trace", default=None, help="one trace id (32 hex digits) instead")
+    traces.add_argument("--width", type=int, default=48, help="characters of the time axis")
     args = parser.parse_args(argv)
     if args.command == "demo":
         return _demo(args.dir)
+    if args.command == "traces":
+        from dataplane_local import stack as stack_module
+        from dataplane_local import traces as traces_module
+
+        root = (args.dir or stack_module.default_root()).resolve()
+        return traces_module.main(root, args.last, args.trace, max(args.width, 10))
     stack = Stack(args.dir)
     if args.command == "up":
         return stack.up(

@@ -2,7 +2,7 @@
 separate process on loopback, recorded in `.local/pids.json` so `down` leaves nothing running.
 
 Order (deploy/local/README.md): Tansu → topics → PostgreSQL (+ databases, roles, demo
-table) → Valkey → doubles (OIDC, ds connector, REC registry) → `.local/stack.env` → services
+table) → Valkey → doubles (OIDC, ds connector, REC registry, OTLP receiver) → `.local/stack.env` → services
 (`signaling-migrate`, `signaling`, `filter-resolver`, `audit-relay`, `query-gateway`), each
 awaited on `/readyz`. Tansu is memory-only: if it dies, every topic, offset and group is gone, so
 the only safe recovery is `dataplane-local down && dataplane-local up` (`status` says so)."""
@@ -44,7 +44,10 @@ DOUBLES: list[tuple[str, str, int, str]] = [  # name, module, preferred port, re
     ("oidc", "dataplane_local.doubles.oidc_process", 8090, "/.well-known/openid-configuration"),
     ("ds-connector", "dataplane_local.doubles.ds_connector", 8091, "/_participants"),
     ("rec-registry", "dataplane_local.doubles.rec_registry", 8092, "/_calls"),
+    # every service exports its spans here; `dataplane-local traces` draws them (TRACES_FILE)
+    ("otlp", "dataplane_local.doubles.otlp_receiver", 4318, "/_spans"),
 ]
+TRACES_FILE = Path("traces") / "spans.jsonl"  # under the state directory
 SERVICE_CLIENT = ("svc-dataplane", "svc-dataplane-dev-secret")  # development credentials only
 CONTROL_PLANE_CLIENT = ("control-plane", "control-plane-dev-secret")
 OIDC_AUDIENCE = "dataplane"
@@ -323,6 +326,12 @@ class Stack:
             # the EDR signing key outlives the double's process: a restarted double keeps
             # verifying the tokens it minted before (the gateways keep its key set cached)
             config.setdefault("private_key_pem", _ec_key_pem(self.root / "ds-edr-signing-key.pem"))
+        elif name == "otlp":
+            store = self.root / TRACES_FILE
+            # a new stack starts a new store: `traces` shows this stack's requests, not a previous one's
+            for old in (store, store.with_name(store.name + ".1")):
+                old.unlink(missing_ok=True)
+            config = {"store": str(store)}
         else:
             config = yaml.safe_load((DEPLOY_LOCAL / "rec-registry.yaml").read_text())
             config["jwks_url"] = certs
@@ -387,6 +396,10 @@ class Stack:
             "CELINE_OIDC_CLIENT_ID": SERVICE_CLIENT[0],
             "CELINE_OIDC_CLIENT_SECRET": SERVICE_CLIENT[1],
             "LOG_LEVEL": "INFO",
+            # spans to the stack's own OTLP receiver, batches sent every half second so that
+            # `dataplane-local traces` right after a request already shows it
+            "OTEL_EXPORTER_OTLP_ENDPOINT": urls["otlp"],
+            "OTEL_BSP_SCHEDULE_DELAY": "500",
         }
         return {**env, **self.env_overrides}
 
@@ -396,6 +409,7 @@ class Stack:
             "DATAPLANE_OIDC_URL": urls["oidc"],
             "DATAPLANE_DS_CONNECTOR_URL": urls["ds-connector"],
             "DATAPLANE_REC_REGISTRY_URL": urls["rec-registry"],
+            "DATAPLANE_OTLP_URL": urls["otlp"],
             "DATAPLANE_CONTROL_PLANE_CLIENT_ID": CONTROL_PLANE_CLIENT[0],
             "DATAPLANE_CONTROL_PLANE_CLIENT_SECRET": CONTROL_PLANE_CLIENT[1],
             **{

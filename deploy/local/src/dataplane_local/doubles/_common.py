@@ -76,6 +76,9 @@ class Call:
     body: Any
     status: int
     at: float = field(default_factory=time.time)
+    # what the double answered, where a reader needs it (the ds double's decisions: the demo shows
+    # the verdict the gateway got); None for the rest
+    answer: Any = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -87,6 +90,7 @@ class Call:
             "body": self.body,
             "status": self.status,
             "at": self.at,
+            "answer": self.answer,
         }
 
 

@@ -163,6 +163,19 @@ class DsConnectorDouble(DoubleBase):
         self._verifier = JwksVerifier(url, self.service_auth.get("audience")) if url else None
         self._verified = {}
 
+    def set_consent(
+        self, consent: str, subject_did: str, *, withdrawn: bool, participant: str = ROOT
+    ) -> None:
+        """Withdraw (or grant again) one subject's consent at runtime: the next decision that reads
+        the consent sees it. The rest of the policy, and the signing key, stay as they are."""
+        with self._lock:
+            grants = self.participant(participant).consents.get(consent)
+            found = [g for g in grants or [] if g.get("subject_did") == subject_did]
+            if not found:
+                raise ValueError(f"no consent {consent!r} of {subject_did!r}")
+            for grant in found:
+                grant["withdrawn"] = withdrawn
+
     def participant(self, name: str = ROOT) -> Participant:
         with self._lock:
             if name not in self.participants:
@@ -294,6 +307,14 @@ class DsConnectorDouble(DoubleBase):
             return None
         if action == "service_auth":
             self.set_service_auth(body.get("service_auth") or {})
+            return None
+        if action == "consent":
+            self.set_consent(
+                body["consent"],
+                body["subject_did"],
+                withdrawn=bool(body["withdrawn"]),
+                participant=body.get("participant", ROOT),
+            )
             return None
         if action == "reset":
             self.clear_faults()
@@ -457,8 +478,18 @@ def create_app(state: DsConnectorDouble) -> FastAPI:
         response = await _answer(state, participant, endpoint, headers, body)
         if response is None:
             response = JSONResponse({})
+        answer = json_or_text(bytes(response.body)) if endpoint == "authorize" else None
         state.record(
-            Call(endpoint, participant, request.method, request.url.path, headers, body, response.status_code)
+            Call(
+                endpoint,
+                participant,
+                request.method,
+                request.url.path,
+                headers,
+                body,
+                response.status_code,
+                answer=answer,
+            )
         )
         return response
 
