@@ -67,10 +67,17 @@ def test_helm_check_script_passes_on_the_chart() -> None:
         timeout=HELM_CHECK_TIMEOUT_S,
     )
     assert run.returncode == 0, run.stdout + run.stderr
-    for case in ("default", "everything-enabled", "minimal"):
+    for case in ("default", "cluster-fit", "everything-enabled", "minimal"):
         assert f"== render {case}" in run.stdout
     assert "all manifests valid" in run.stdout
-    assert "validated 2 ScaledObject, 4 ServiceMonitor; 0 failure(s)" in run.stdout
+    (summary,) = [line for line in run.stdout.splitlines() if line.startswith("validated ")]
+    assert sorted(summary.removeprefix("validated ").split("; ")[0].split(", ")) == [
+        "1 PrometheusRule",
+        "2 ScaledObject",
+        "4 ServiceMonitor",
+    ]
+    assert summary.endswith("; 0 failure(s)")
+    assert '"expressions":' in run.stdout  # the PromQL step ran
 
 
 SCALED_OBJECT: dict[str, Any] = {

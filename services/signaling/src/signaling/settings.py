@@ -41,6 +41,17 @@ def async_database_url(url: str) -> str:
     raise ValueError("must be a postgresql:// URL")
 
 
+def pull_transfer_types(v: list[str]) -> list[str]:
+    """DPS_TRANSFER_TYPES: pull types only, at least one; the http-pull profile is served and
+    registered under its URI, whichever spelling is listed."""
+    push = [t for t in v if not is_pull_transfer(t)]
+    if push:
+        raise ValueError(f"only pull transfer types are supported, not {push}")
+    if not v:
+        raise ValueError("at least one transfer type is needed")
+    return list(dict.fromkeys(canonical_transfer_type(t) for t in v))
+
+
 def load_signing_key(pem: str) -> ec.EllipticCurvePrivateKey:
     """An EC P-256 private key, or ValueError; `\\n` escapes are accepted for one-line env values."""
     if "\n" not in pem and "\\n" in pem:
@@ -110,13 +121,7 @@ class Settings(HttpSettings, KafkaSettings, OidcSettings):
     @field_validator("dps_transfer_types")
     @classmethod
     def _pull_only(cls, v: list[str]) -> list[str]:
-        push = [t for t in v if not is_pull_transfer(t)]
-        if push:
-            raise ValueError(f"only pull transfer types are supported, not {push}")
-        if not v:
-            raise ValueError("at least one transfer type is needed")
-        # the http-pull profile is served and registered under its URI, whichever spelling is listed
-        return list(dict.fromkeys(canonical_transfer_type(t) for t in v))
+        return pull_transfer_types(v)
 
     @field_validator("dps_token_signing_key", mode="after")
     @classmethod
