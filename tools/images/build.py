@@ -9,9 +9,11 @@ DEBIAN_MIRROR is set), then per service a locked `uv sync --no-dev --no-editable
 dataplane-<svc>` into /app/.venv, run inside that base under chroot, so the venv's interpreter and
 paths are the image's own. Each image is two layers — the shared base, the service's venv — and is
 written as an OCI image layout under OUT/<svc> (`index.json` names it `<tag>`), what the
-Dockerfiles build, without Docker. Layers are reproducible tars (sorted, fixed times, numeric
-owners). The base root file system is kept (--base, default under /var/cache) and reused while its recipe
-is unchanged; the syncs share uv's cache.
+Dockerfiles build, without Docker. Layer tars are sorted, with fixed times and numeric owners:
+the base layer is the same bytes while the kept base is unchanged; a venv layer is not yet (the
+workspace wheels and their RECORDs are rebuilt at each sync). The base root file system is kept
+(--base, default under /var/cache) and reused while its recipe is unchanged; the syncs share uv's
+cache.
 
 `smoke` unpacks one image from its layout (checking every digest), starts its entrypoint as uid
 10001 in a chroot inside new mount and PID namespaces (`unshare`), and checks `/healthz` answers
@@ -24,6 +26,7 @@ e.g. `skopeo copy oci:build/images/query-gateway:TAG docker://REGISTRY/dataplane
 from __future__ import annotations
 
 import argparse
+import fcntl
 import gzip
 import hashlib
 import io
@@ -48,7 +51,7 @@ SERVICES = {"query-gateway": 8000, "signaling": 8001, "filter-resolver": 8002, "
 UID = 10001  # the chart's global.runAsUser and the Dockerfiles' USER
 SUITE = "bookworm"  # its python3 is 3.11, the lowest Python the project supports
 VENV = "/app/.venv"
-EPOCH = int(os.environ.get("SOURCE_DATE_EPOCH", "1767225600"))  # fixed layer times: reproducible
+EPOCH = int(os.environ.get("SOURCE_DATE_EPOCH", "1767225600"))  # no file in a layer is newer
 # Inside the base, only what running needs: no documentation, no package lists.
 PRUNE = (
     "usr/share/doc",
@@ -197,7 +200,7 @@ def _entries(root: Path, include: list[str], exclude: set[str]) -> Iterator[Path
 
 
 def write_layer(root: Path, include: list[str], exclude: set[str], blobs: Path) -> tuple[str, str, int]:
-    """A reproducible gzip'd tar of `include` (paths under root); (diff_id, digest, size)."""
+    """A gzip'd tar of `include` (paths under root), sorted, fixed times; (diff_id, digest, size)."""
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for path in _entries(root, include, exclude):
@@ -451,7 +454,11 @@ def main(argv: list[str]) -> int:
             ).stdout.strip()
         )
         cache.mkdir(parents=True, exist_ok=True)
-        build(args.out, args.tag, args.base, cache)
+        args.base.parent.mkdir(parents=True, exist_ok=True)
+        # one build at a time per kept base: two would sync into the same /app
+        with open(args.base.with_name(args.base.name + ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            build(args.out, args.tag, args.base, cache)
     else:
         smoke(args.out, args.service, args.timeout)
     return 0
