@@ -17,23 +17,22 @@ The client secret travels only in that body: it is never printed or logged."""
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import httpx
-from pydantic import AnyHttpUrl, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import NoDecode, SettingsConfigDict
+from pydantic import AnyHttpUrl, Field, SecretStr, model_validator
+from pydantic_settings import SettingsConfigDict
 
 from dataplane_contracts.dps import SIGNALING_PATH
 from dataplane_contracts.settings import BASE_CONFIG, OidcSettings
 from dataplane_service_kit.settings import load_settings
-from signaling.settings import _str_list, pull_transfer_types
+from signaling.settings import DpsIdentitySettings
 
-StrList = Annotated[list[str], NoDecode]
 Spelling = Literal["rc2", "rc3", "both"]
 AUTH_PROFILE = "oauth2_client_credentials"
 
 
-class RegisterSettings(OidcSettings):
+class RegisterSettings(OidcSettings, DpsIdentitySettings):
     """What `signaling register` reads. No database or broker: the Job needs neither."""
 
     model_config = SettingsConfigDict(**BASE_CONFIG, validate_default=True)
@@ -46,24 +45,9 @@ class RegisterSettings(OidcSettings):
     # tests and the local doubles only: a control plane and a signalling endpoint over plain HTTP
     edc_registration_allow_http: bool = False
 
-    dps_dataplane_id: str = Field(default="dataset-api", min_length=1)
     dps_signaling_url: AnyHttpUrl
-    dps_transfer_types: StrList = Field(default_factory=lambda: ["HttpData-PULL"])
-    dps_labels: StrList = Field(default_factory=list)
-    dps_control_plane_clients: StrList = Field(default_factory=list)
     dps_registration_client_id: str = Field(min_length=1)
     dps_registration_client_secret: SecretStr
-
-    @field_validator("dps_transfer_types", "dps_labels", "dps_control_plane_clients", mode="before")
-    @classmethod
-    def _lists(cls, v: Any) -> Any:
-        return _str_list(v)
-
-    @field_validator("dps_transfer_types")
-    @classmethod
-    def _pull_only(cls, v: list[str]) -> list[str]:
-        # the service's own rule: never register a type signaling would refuse
-        return pull_transfer_types(v)
 
     @model_validator(mode="after")
     def _consistent(self) -> RegisterSettings:
