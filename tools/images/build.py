@@ -15,7 +15,8 @@ workspace wheels and their RECORDs are rebuilt at each sync). The base root file
 (--base, default under /var/cache) and reused while its recipe is unchanged; the syncs share uv's
 cache.
 
-`smoke` unpacks one image from its layout (checking every digest), starts its entrypoint as uid
+`smoke` imports every image's app as uid 10001 (an undeclared dependency fails there), then
+unpacks one image from its layout (checking every digest), starts its entrypoint as uid
 10001 in a chroot inside new mount and PID namespaces (`unshare`), and checks `/healthz` answers
 200 and `/readyz` 503 naming the broker it cannot reach (so the answer is the service's own).
 
@@ -369,11 +370,27 @@ def _get(url: str) -> tuple[int, str]:
         return err.code, err.read().decode()
 
 
+def check_imports(out: Path) -> None:
+    """Every image imports its whole app as uid 10001: a dependency used but not declared (which
+    the workspace's shared venv hides) fails here, not in a cluster."""
+    for service in SERVICES:
+        with tempfile.TemporaryDirectory(prefix="dataplane-imports-") as tmp:
+            rootfs = Path(tmp) / "rootfs"
+            rootfs.mkdir(mode=0o755)  # the image's /, which uid 10001 must be able to enter
+            config = unpack(out / service, rootfs)["config"]
+            package = service.replace("-", "_")
+            code = f"import {package}.app, {package}.__main__"
+            python = ["/usr/bin/env", "-i", *config["Env"], f"{VENV}/bin/python", "-c", code]
+            run(["chroot", f"--userspec={config['User']}", str(rootfs), *python])
+            log(f"imports: {service} ({code}) ok")
+
+
 def smoke(out: Path, service: str, timeout_s: float) -> None:
     started = time.monotonic()
+    check_imports(out)
     with tempfile.TemporaryDirectory(prefix="dataplane-smoke-") as tmp:
         rootfs = Path(tmp) / "rootfs"
-        rootfs.mkdir()
+        rootfs.mkdir(mode=0o755)
         config = unpack(out / service, rootfs)["config"]
         port = _free_port()
         dead = _free_port()  # nothing listens there: the broker the service cannot reach
