@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The chart's CI check: render deploy/helm with its default values and with every file under
 # deploy/helm/ci/, lint it, validate every rendered Kubernetes manifest strictly against the 1.33
-# schemas (kubernetes-validate), and validate the custom resources (KEDA ScaledObject,
-# ServiceMonitor) with the published npm models (deploy/helm/validate/). Exit non-zero on any
-# finding. No helm binary and no cluster are needed.
+# schemas (kubernetes-validate), validate the custom resources (KEDA ScaledObject, ServiceMonitor,
+# PrometheusRule) with the published npm models (deploy/helm/validate/), and parse every PromQL
+# expression the chart renders. Exit non-zero on any finding. No helm binary and no cluster are
+# needed.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -54,6 +55,11 @@ fi
 if [ ! -d "$validate_dir/node_modules" ]; then
   (cd "$validate_dir" && npm ci --no-audit --no-fund --loglevel=error)
 fi
-node "$validate_dir/validate-crds.mjs" --require ScaledObject,ServiceMonitor "${crd_files[@]}"
+node "$validate_dir/validate-crds.mjs" --require ScaledObject,ServiceMonitor,PrometheusRule "${crd_files[@]}"
+
+# 4. Every PromQL expression (alerts, dashboard panels) parses with Prometheus's grammar; the
+# metric names it prints are checked against the services' exports by tests/helm/test_monitoring.py.
+echo "== PromQL (@prometheus-io/lezer-promql)"
+node "$validate_dir/validate-promql.mjs" "${core_files[@]}" "${crd_files[@]}"
 
 echo "helm-check passed in $((SECONDS - started)) s"

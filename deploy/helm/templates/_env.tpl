@@ -86,6 +86,25 @@ Call: include "dataplane.env" (dict "root" $ "s" $s)
   value: {{ $v.gateway.queryStatementTimeoutMs | quote }}
 - name: EDR_ENABLED
   value: {{ $v.gateway.edrEnabled | quote }}
+{{- range $env, $key := dict "QUERY_MAX_SQL_CHARS" "queryMaxSqlChars" "QUERY_MAX_BODY_BYTES" "queryMaxBodyBytes" "DATASETS_POOL_MAX_SIZE" "datasetsPoolMaxSize" }}
+{{- if hasKey $v.gateway $key }}
+- name: {{ $env }}
+  value: {{ index $v.gateway $key | toString | quote }}
+{{- end }}
+{{- end }}
+{{- with $v.gateway.dsDecisionCache }}
+{{- if hasKey . "enabled" }}
+- name: DS_DECISION_CACHE_ENABLED
+  value: {{ .enabled | quote }}
+{{- end }}
+{{- if hasKey . "maxSize" }}
+- name: DS_DECISION_CACHE_MAXSIZE
+  value: {{ .maxSize | toString | quote }}
+{{- end }}
+{{- end }}
+{{- with $v.secrets.columnMaskKey }}
+{{ include "dataplane.secretRef" (dict "env" "COLUMN_MASK_KEY" "ref" .) }}
+{{- end }}
 {{- end -}}
 
 {{- define "dataplane.env.resolver" -}}
@@ -131,31 +150,47 @@ Call: include "dataplane.env" (dict "root" $ "s" $s)
 {{- if $d.enabled }}
 - name: DPS_DATAPLANE_ID
   value: {{ $d.dataplaneId | quote }}
-{{- range $env, $key := dict "DPS_SIGNALING_URL" "signalingUrl" "DPS_PUBLIC_URL" "publicUrl" "DPS_TRANSFER_TYPES" "transferTypes" "DPS_LABELS" "labels" "DPS_CONTROL_PLANE_CLIENTS" "controlPlaneClients" "DPS_TOKEN_KEY_ID" "tokenKeyId" }}
+{{- range $env, $key := dict "DPS_SIGNALING_URL" "signalingUrl" "DPS_PUBLIC_URL" "publicUrl" "DPS_TRANSFER_TYPES" "transferTypes" "DPS_LABELS" "labels" "DPS_CONTROL_PLANE_CLIENTS" "controlPlaneClients" "DPS_TOKEN_KEY_ID" "tokenKeyId" "DPS_REFRESH_URL" "refreshUrl" }}
 {{- with index $d $key }}
 - name: {{ $env }}
   value: {{ . | quote }}
 {{- end }}
+{{- end }}
+{{- with $d.tokenTtlSeconds }}
+- name: DPS_TOKEN_TTL_SECONDS
+  value: {{ . | toString | quote }}
 {{- end }}
 {{ include "dataplane.secretRef" (dict "env" "DPS_TOKEN_SIGNING_KEY" "ref" .root.Values.secrets.dpsTokenSigningKey) }}
 {{- end }}
 {{- end -}}
 
 {{/*
-Plain environment from `global.env` / `services.<svc>.env`, after checking that it neither repeats a
-variable the chart sets (two definitions: the last silently wins) nor carries a secret by value.
+Plain environment from `global.env` / `services.<svc>.env`, then the EnvVar entries of
+`global.extraEnv` / `services.<svc>.extraEnv` (which may reference a Secret or a field), after
+checking that none repeats a variable the chart or another entry sets (two definitions: the last
+silently wins) and that no secret arrives as a literal value.
 */}}
 {{- define "dataplane.extraEnv" -}}
 {{- $managed := list -}}
 {{- range (include "dataplane.env" . | fromYamlArray) }}{{ $managed = append $managed .name }}{{ end -}}
-{{- $secretNames := list "KAFKA_BOOTSTRAP_SERVERS" "REDIS_URL" "DATASETS_DATABASE_URL" "DATABASE_URL" "DPS_FLOWS_DATABASE_URL" "ROW_FILTERS_CACHE_KEY_SECRET" "CELINE_OIDC_CLIENT_SECRET" "DPS_TOKEN_SIGNING_KEY" -}}
+{{- $secretNames := list "KAFKA_BOOTSTRAP_SERVERS" "REDIS_URL" "DATASETS_DATABASE_URL" "DATABASE_URL" "DPS_FLOWS_DATABASE_URL" "ROW_FILTERS_CACHE_KEY_SECRET" "CELINE_OIDC_CLIENT_SECRET" "DPS_TOKEN_SIGNING_KEY" "COLUMN_MASK_KEY" -}}
 {{- range $name, $value := .s.env }}
 {{- if has $name $secretNames }}
 {{- fail (printf "services.%s.env.%s (or global.env): %s is a secret; name its Secret under `secrets:` instead of giving the value" $.s.name $name $name) }}
 {{- else if has $name $managed }}
 {{- fail (printf "services.%s.env.%s (or global.env): %s is set by the chart from its own value; set that value instead" $.s.name $name $name) }}
 {{- end }}
+{{- $managed = append $managed $name }}
 - name: {{ $name }}
   value: {{ $value | quote }}
+{{- end }}
+{{- range $e := .s.extraEnvList }}
+{{- if has $e.name $managed }}
+{{- fail (printf "services.%s.extraEnv (or global.extraEnv): %s is already set (by the chart, `env` or another entry); set it once" $.s.name $e.name) }}
+{{- else if and (has $e.name $secretNames) (not $e.valueFrom) }}
+{{- fail (printf "services.%s.extraEnv (or global.extraEnv): %s is a secret; reference its Secret (valueFrom.secretKeyRef) instead of giving the value" $.s.name $e.name) }}
+{{- end }}
+{{- $managed = append $managed $e.name }}
+- {{ toJson $e }}
 {{- end }}
 {{- end -}}

@@ -73,7 +73,26 @@ Nested maps are merged key by key in a range (not with sprig merge, whose mergo 
 {{- range $k, $x := ($v.oidc | default dict) }}{{ $_ := set $oidc $k $x }}{{ end -}}
 {{- $repo := $image.repository | default (printf "%s%s" ($image.repositoryPrefix | default "") $name) -}}
 {{- $ref := printf "%s:%s" $repo ($image.tag | default $root.Chart.AppVersion) -}}
+{{- /* A digest pins the content; the tag stays beside it for readers (the runtime pulls by digest). */ -}}
+{{- if $image.digest }}{{ $ref = printf "%s@%s" $ref $image.digest }}{{ end -}}
 {{- if $image.registry }}{{ $ref = printf "%s/%s" $image.registry $ref }}{{ end -}}
+{{- $probes := dict -}}
+{{- range $kind := list "liveness" "readiness" "startup" }}
+{{- $p := deepCopy (index ($g.probes | default dict) $kind | default dict) -}}
+{{- range $k, $x := (index ($v.probes | default dict) $kind | default dict) }}{{ $_ := set $p $k $x }}{{ end -}}
+{{- $_ := set $probes $kind $p -}}
+{{- end -}}
+{{- /* A spread constraint without a selector counts this service's own pods. */ -}}
+{{- $spread := list -}}
+{{- range ($v.topologySpreadConstraints | default $g.topologySpreadConstraints | default list) }}
+{{- $c := deepCopy . -}}
+{{- if not (hasKey $c "labelSelector") }}{{ $_ := set $c "labelSelector" (dict "matchLabels" (include "dataplane.selectorLabels" (dict "root" $root "name" $name) | fromYaml)) }}{{ end -}}
+{{- $spread = append $spread $c -}}
+{{- end -}}
+{{- $drain := hasKey $v "preStopDrainSeconds" | ternary $v.preStopDrainSeconds $g.preStopDrainSeconds -}}
+{{- if ge (int $drain) (int $g.terminationGracePeriodSeconds) }}
+{{- fail (printf "services.%s: preStopDrainSeconds %v must be below global.terminationGracePeriodSeconds %v (the drain is part of the grace period)" $name $drain $g.terminationGracePeriodSeconds) }}
+{{- end -}}
 name: {{ $name }}
 fullname: {{ printf "%s-%s" (include "dataplane.fullname" $root) $name | trunc 63 | trimSuffix "-" }}
 image: {{ $ref | quote }}
@@ -91,6 +110,17 @@ podLabels: {{ merge (deepCopy ($v.podLabels | default dict)) ($g.podLabels | def
 nodeSelector: {{ $v.nodeSelector | default $g.nodeSelector | default dict | toJson }}
 tolerations: {{ $v.tolerations | default $g.tolerations | default list | toJson }}
 networkPolicy: {{ $v.networkPolicy | default dict | toJson }}
+probes: {{ $probes | toJson }}
+preStopDrainSeconds: {{ $drain }}
+affinity: {{ $v.affinity | default $g.affinity | default dict | toJson }}
+topologySpreadConstraints: {{ $spread | toJson }}
+priorityClassName: {{ $v.priorityClassName | default $g.priorityClassName | default "" | quote }}
+serviceAccountAnnotations: {{ merge (deepCopy (dig "serviceAccount" "annotations" dict $v)) (dig "serviceAccount" "annotations" dict $g) | toJson }}
+extraEnvList: {{ concat ($g.extraEnv | default list) ($v.extraEnv | default list) | toJson }}
+extraVolumes: {{ concat ($g.extraVolumes | default list) ($v.extraVolumes | default list) | toJson }}
+extraVolumeMounts: {{ concat ($g.extraVolumeMounts | default list) ($v.extraVolumeMounts | default list) | toJson }}
+initContainers: {{ concat ($g.initContainers | default list) ($v.initContainers | default list) | toJson }}
+sidecars: {{ concat ($g.sidecars | default list) ($v.sidecars | default list) | toJson }}
 serviceType: {{ dig "service" "type" "ClusterIP" $v }}
 serviceAnnotations: {{ dig "service" "annotations" dict $v | toJson }}
 wiring: {{ $wiring | toJson }}

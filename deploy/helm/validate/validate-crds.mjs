@@ -1,7 +1,8 @@
 // Validates the chart's custom resources with the published kubernetes-models packages
-// (@kubernetes-models/keda, @kubernetes-models/prometheus-operator): never hand-written schemas.
+// (@kubernetes-models/keda, @kubernetes-models/prometheus-operator: ScaledObject, ServiceMonitor,
+// PrometheusRule): never hand-written schemas.
 //
-//   node validate-crds.mjs [--require ScaledObject,ServiceMonitor] FILE.yaml ...
+//   node validate-crds.mjs [--require ScaledObject,ServiceMonitor,PrometheusRule] FILE.yaml ...
 //
 // Every document must be a kind this script knows; an unknown custom kind is an error rather than
 // a silent pass. --require fails the run when a kind was not seen in any file, so a values change
@@ -10,10 +11,12 @@ import { readFileSync } from "node:fs";
 import { parseAllDocuments } from "yaml";
 import { ScaledObject } from "@kubernetes-models/keda/keda.sh/v1alpha1/ScaledObject";
 import { ServiceMonitor } from "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/ServiceMonitor";
+import { PrometheusRule } from "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/PrometheusRule";
 
 const MODELS = new Map([
   ["keda.sh/v1alpha1/ScaledObject", ScaledObject],
   ["monitoring.coreos.com/v1/ServiceMonitor", ServiceMonitor],
+  ["monitoring.coreos.com/v1/PrometheusRule", PrometheusRule],
 ]);
 
 const args = process.argv.slice(2);

@@ -1,5 +1,7 @@
 """`signaling` serves; `signaling public-key` prints the public PEM of DPS_TOKEN_SIGNING_KEY
-(what the gateway's DPS_TOKEN_PUBLIC_KEY must be), so operators derive it instead of copying."""
+(what the gateway's DPS_TOKEN_PUBLIC_KEY must be), so operators derive it instead of copying;
+`signaling register` sends this data plane's registration to an EDC control plane
+(`signaling/register.py`)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from dataplane_service_kit.telemetry import setup_telemetry
 from signaling.settings import Settings, load_signing_key
 from signaling.tokens import public_key_pem
 
-USAGE = "usage: signaling [serve | public-key]"
+USAGE = "usage: signaling [serve | public-key | register]"
 
 
 def print_public_key() -> None:
@@ -34,6 +36,11 @@ def main(argv: list[str] | None = None) -> None:
     command = args[0] if args else "serve"
     if command == "public-key":
         print_public_key()
+        return
+    if command == "register":
+        from signaling.register import main as register
+
+        register()
         return
     if command != "serve":
         print(USAGE, file=sys.stderr)

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
-from pydantic_settings import NoDecode, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from dataplane_contracts.dps import (
     DEFAULT_PULL_GRANT_ROLE,
@@ -41,6 +41,17 @@ def async_database_url(url: str) -> str:
     raise ValueError("must be a postgresql:// URL")
 
 
+def pull_transfer_types(v: list[str]) -> list[str]:
+    """DPS_TRANSFER_TYPES: pull types only, at least one; the http-pull profile is served and
+    registered under its URI, whichever spelling is listed."""
+    push = [t for t in v if not is_pull_transfer(t)]
+    if push:
+        raise ValueError(f"only pull transfer types are supported, not {push}")
+    if not v:
+        raise ValueError("at least one transfer type is needed")
+    return list(dict.fromkeys(canonical_transfer_type(t) for t in v))
+
+
 def load_signing_key(pem: str) -> ec.EllipticCurvePrivateKey:
     """An EC P-256 private key, or ValueError; `\\n` escapes are accepted for one-line env values."""
     if "\n" not in pem and "\\n" in pem:
@@ -54,7 +65,28 @@ def load_signing_key(pem: str) -> ec.EllipticCurvePrivateKey:
     return key
 
 
-class Settings(HttpSettings, KafkaSettings, OidcSettings):
+class DpsIdentitySettings(BaseSettings):
+    """Who this data plane says it is to control planes, and whom it admits: read by the service
+    and by `signaling register` (signaling/register.py), so both apply the same rules."""
+
+    model_config = BASE_CONFIG
+    dps_dataplane_id: str = "dataset-api"
+    dps_transfer_types: StrList = Field(default_factory=lambda: ["HttpData-PULL"])
+    dps_labels: StrList = Field(default_factory=list)
+    dps_control_plane_clients: StrList = Field(default_factory=list)
+
+    @field_validator("dps_transfer_types", "dps_labels", "dps_control_plane_clients", mode="before")
+    @classmethod
+    def _lists(cls, v: Any) -> Any:
+        return _str_list(v)
+
+    @field_validator("dps_transfer_types")
+    @classmethod
+    def _pull_only(cls, v: list[str]) -> list[str]:
+        return pull_transfer_types(v)
+
+
+class Settings(HttpSettings, KafkaSettings, OidcSettings, DpsIdentitySettings):
     """The shared mixins (HTTP, Kafka, OIDC: `CELINE_OIDC_JWKS_URI` defaults to
     `{CELINE_OIDC_BASE_URL}/protocol/openid-connect/certs`, the token endpoint is
     `{base}/protocol/openid-connect/token`) plus signaling's own variables."""
@@ -78,12 +110,8 @@ class Settings(HttpSettings, KafkaSettings, OidcSettings):
     flow_metrics_interval_seconds: float = Field(default=0.0, ge=0)
 
     dps_enabled: bool = False
-    dps_dataplane_id: str = "dataset-api"
     dps_signaling_url: str = "http://localhost:8001"
     dps_public_url: str = "http://localhost:8001"
-    dps_transfer_types: StrList = Field(default_factory=lambda: ["HttpData-PULL"])
-    dps_labels: StrList = Field(default_factory=list)
-    dps_control_plane_clients: StrList = Field(default_factory=list)
     dps_token_signing_key: SecretStr | None = None
     dps_token_key_id: str | None = None
     # the http-pull profile: access-token lifetime, and the base URL consumers reach for renewal
@@ -113,22 +141,6 @@ class Settings(HttpSettings, KafkaSettings, OidcSettings):
     @classmethod
     def _asyncpg(cls, v: str) -> str:
         return async_database_url(v)
-
-    @field_validator("dps_transfer_types", "dps_labels", "dps_control_plane_clients", mode="before")
-    @classmethod
-    def _lists(cls, v: Any) -> Any:
-        return _str_list(v)
-
-    @field_validator("dps_transfer_types")
-    @classmethod
-    def _pull_only(cls, v: list[str]) -> list[str]:
-        push = [t for t in v if not is_pull_transfer(t)]
-        if push:
-            raise ValueError(f"only pull transfer types are supported, not {push}")
-        if not v:
-            raise ValueError("at least one transfer type is needed")
-        # the http-pull profile is served and registered under its URI, whichever spelling is listed
-        return list(dict.fromkeys(canonical_transfer_type(t) for t in v))
 
     @field_validator("dps_token_signing_key", mode="after")
     @classmethod

@@ -1,6 +1,8 @@
 """A control-plane double: receives DPS callbacks (`POST [{prefix}]/transfers/{id}/dataflow/{action}`,
 under any base path) and records each with its path, body and Authorization header; `status` sets
-what it answers (other paths get 404), `delay_s` how long it takes to answer.
+what it answers (other paths get 404), `delay_s` how long it takes to answer. It also takes
+data-plane registrations (`PUT [{prefix}]/dataplanes`, what `signaling register` sends) and records
+each with its body and credential headers, answering `registration_status`.
 
     cp, server = start_control_plane()
     ... signaling calls f"{server.url}/transfers/t1/dataflow/started" ...
@@ -31,11 +33,21 @@ class Callback:
     authorization: str | None
 
 
+@dataclass(frozen=True)
+class Registration:
+    path: str
+    body: Any
+    authorization: str | None
+    api_key: str | None
+
+
 @dataclass
 class ControlPlaneDouble:
     status: int = 200
     delay_s: float = 0.0
     calls: list[Callback] = field(default_factory=list)
+    registration_status: int = 200
+    registrations: list[Registration] = field(default_factory=list)
 
     def app(self) -> FastAPI:
         app = FastAPI(title="control-plane-double")
@@ -66,6 +78,20 @@ class ControlPlaneDouble:
             if self.status >= 300:
                 return JSONResponse({"error": "refused"}, status_code=self.status)
             return Response(status_code=self.status)
+
+        @app.put("/{path:path}")
+        async def register(path: str, request: Request) -> Response:
+            if not request.url.path.endswith("/dataplanes"):
+                return JSONResponse({"error": "not_found"}, status_code=404)
+            headers = request.headers
+            body = await request.json()
+            self.registrations.append(
+                Registration(request.url.path, body, headers.get("authorization"), headers.get("x-api-key"))
+            )
+            if self.registration_status >= 300:
+                # a careless control plane that reflects what it was sent
+                return JSONResponse({"error": "refused", "echo": body}, status_code=self.registration_status)
+            return JSONResponse(body, status_code=self.registration_status)
 
         return app
 
