@@ -16,9 +16,20 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Gauge, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Gauge,
+    disable_created_metrics,
+    generate_latest,
+)
 
 from dataplane_service_kit.openapi import HEALTHZ_RESPONSES, METRICS_RESPONSES, READYZ_RESPONSES
+
+# no `<name>_created` twin beside each counter and histogram: a series per metric (and label set)
+# that no dashboard or alert reads, in every service that serves /metrics through this module
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 ReadinessCheck = Callable[[], Awaitable[bool]]
 Checks = Callable[[], Mapping[str, ReadinessCheck]]

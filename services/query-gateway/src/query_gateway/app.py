@@ -23,12 +23,14 @@ from dataplane_service_kit.limits import BodyLimit
 from dataplane_service_kit.logs import get_logger
 from dataplane_service_kit.openapi import distribution_version, openapi_document
 from dataplane_service_kit.readiness import CachedProbe
+from dataplane_service_kit.request_durations import RequestDurations
 from dataplane_service_kit.telemetry import FASTAPI_TELEMETRY, ServerSpans
 from query_gateway.catalogue_file import CatalogueRefused, check_catalogue, parse_catalogue
 from query_gateway.connector import ConnectorClient, connector_http, service_tokens
 from query_gateway.disclosure import DisclosurePublisher
 from query_gateway.gateway import Gateway, QueryBody
 from query_gateway.identity import OidcVerifier
+from query_gateway.metrics import REQUEST_DURATION
 from query_gateway.plan_client import PlanClient
 from query_gateway.pull import PullVerifier
 from query_gateway.pull import flows_pool as flows_pool_of
@@ -230,6 +232,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         spans=ServerSpans(),
         state=app.state,
     )
+    app.add_middleware(RequestDurations, histogram=REQUEST_DURATION)
     # before any route reads the body: FastAPI decodes it before the handler runs
     app.add_middleware(
         BodyLimit, max_bytes=settings.query_max_body_bytes, refused=body_refusals(settings.dps_enabled)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Histogram
+
+from dataplane_service_kit.request_durations import BUCKETS, DURATION_HELP, DURATION_LABELS
 
 REQUESTS = Counter(
     "query_gateway_requests_total",
@@ -22,4 +24,9 @@ DS_DECISION_CACHE_HITS = Counter(
 )
 DS_DECISION_CACHE_MISSES = Counter(
     "query_gateway_ds_decision_cache_misses_total", "ds decision cache lookups that found no live entry"
+)
+# every HTTP request by route and status (the query routes observed by their plain door, the rest
+# by the framework's RequestDurations layer)
+REQUEST_DURATION = Histogram(
+    "query_gateway_request_duration_seconds", DURATION_HELP, DURATION_LABELS, buckets=BUCKETS
 )

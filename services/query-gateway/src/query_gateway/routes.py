@@ -12,6 +12,7 @@ framework's rendering exactly."""
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Annotated, Any, TypeVar
 
@@ -32,7 +33,7 @@ from query_gateway.connector import resolve_connector
 from query_gateway.dataspace import DataspaceRequest, parse_purpose, run_dataspace
 from query_gateway.gateway import Gateway, QueryBody
 from query_gateway.identity import Caller, bearer
-from query_gateway.metrics import REQUESTS
+from query_gateway.metrics import REQUEST_DURATION, REQUESTS
 from query_gateway.normal import explain_normal, run_normal
 from query_gateway.records.frozen import frozen_of
 from query_gateway.records.request import RequestRefused, has_filter
@@ -312,13 +313,19 @@ class QueryRoutes:
             return
         gw: Gateway = (self.state or scope["app"].state).gateway
         route = scope["path"]
-        with self.spans.span("POST", route, headers) as span:
-            try:
-                response = await answer(gw, headers, body)
-            except ServiceError as exc:  # not raised by the answers (`_guarded`); a safety net
-                response = error_response(exc.code, exc.detail, exc.headers)
-            answered(span, response.status_code)
-            await response(scope, receive, send)
+        started = time.perf_counter()
+        status = 500
+        try:
+            with self.spans.span("POST", route, headers) as span:
+                try:
+                    response = await answer(gw, headers, body)
+                except ServiceError as exc:  # not raised by the answers (`_guarded`); a safety net
+                    response = error_response(exc.code, exc.detail, exc.headers)
+                status = response.status_code
+                answered(span, status)
+                await response(scope, receive, send)
+        finally:  # the door's routes have no path parameters: the path is the route
+            REQUEST_DURATION.labels(route, str(status)).observe(time.perf_counter() - started)
 
     def _declared_too_large(self, scope: Scope) -> bool:
         if self.max_bytes is None:

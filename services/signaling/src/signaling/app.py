@@ -22,6 +22,7 @@ from dataplane_service_kit.health import ReadinessCheck, health_router
 from dataplane_service_kit.logs import get_logger
 from dataplane_service_kit.oauth import ClientCredentialsToken
 from dataplane_service_kit.openapi import distribution_version, openapi_document
+from dataplane_service_kit.request_durations import RequestDurations
 from dataplane_service_kit.request_ids import RequestIds
 from dataplane_service_kit.telemetry import FASTAPI_TELEMETRY
 from signaling import audit, metrics
@@ -299,6 +300,7 @@ def create_app(settings: Settings) -> FastAPI:
     )
     _install_audited_errors(app)
     app.add_middleware(RecountFlowsOnScrape)
+    app.add_middleware(RequestDurations, histogram=metrics.REQUEST_DURATION)
     app.add_middleware(RequestIds)  # the outermost of ours: every answer carries X-Request-ID
     app.include_router(health_router(lambda: _checks(app)))
     if settings.dps_enabled:  # DPS-01: nothing under /dps exists otherwise

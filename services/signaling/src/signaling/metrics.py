@@ -5,15 +5,19 @@ from __future__ import annotations
 import asyncio
 import time
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Histogram
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from dataplane_contracts.dps import FlowState
 from dataplane_service_kit.logs import get_logger
+from dataplane_service_kit.request_durations import BUCKETS, DURATION_HELP, DURATION_LABELS
 from signaling import repository
 
 log = get_logger(__name__)
 
+REQUEST_DURATION = Histogram(
+    "signaling_request_duration_seconds", DURATION_HELP, DURATION_LABELS, buckets=BUCKETS
+)
 FLOWS = Gauge("signaling_flows", "Data flows in the database by state", ["state"])
 SIGNALS = Counter("signaling_signals_total", "Signals received by signal and outcome", ["signal", "outcome"])
 TOKENS_ISSUED = Counter("signaling_pull_tokens_issued_total", "Pull tokens issued")
