@@ -204,7 +204,10 @@ class Environment:
         os.environ["DATAPLANE_DATABASE_URL"] = self.pg.url  # the stack provisions over this server
         # free ports only: a bench beside a developer stack or a test suite must not meet theirs
         os.environ.setdefault(PORTS_ENV, "any")
-        self.stack = Stack(self.root / "stack", log=self.log, env_overrides={"CATALOGUE_PATH": str(cat)})
+        # spans recorded but exported nowhere, as before the local stack had its own receiver: a
+        # bench of the data plane, not of a span pipeline on the same two cores (bench/README.md)
+        overrides = {"CATALOGUE_PATH": str(cat), "OTEL_TRACES_EXPORTER": "none"}
+        self.stack = Stack(self.root / "stack", log=self.log, env_overrides=overrides)
         rc = await asyncio.to_thread(self.stack.up, False, False, 120.0, 2, 1)
         if rc != 0:
             raise RuntimeError("the stack did not start; see the lines above")
