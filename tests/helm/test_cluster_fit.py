@@ -86,6 +86,10 @@ TUNABLE_BY_ENV = {
     "redis_connect_timeout_seconds",
     "redis_socket_timeout_seconds",
     "plan_reply_partition",
+    "plan_reply_kafka_fallback_ms",
+    "dps_callback_relay_enabled",
+    "dps_callback_retry_first_seconds",
+    "dps_callback_retry_max_seconds",
     "connector_timeout_seconds",
     "connector_keepalive_expiry_seconds",
     "database_acquire_timeout_ms",
@@ -312,6 +316,19 @@ def test_settings_other_work_added_are_passed(fit: list[Obj]) -> None:
     assert signaling["DPS_REFRESH_URL"]["value"] == "https://data.example.org"
     default_gateway = {e["name"] for e in deployments(render())["query-gateway"]["containers"][0]["env"]}
     assert "COLUMN_MASK_KEY" not in default_gateway
+    # the records API (a cursor key, the catalogue in signaling), plugin handler names on both
+    # sides, asynchronous signals
+    assert gateway["RECORDS_CURSOR_SECRET"]["valueFrom"]["secretKeyRef"] == {
+        "name": "dataplane-records",
+        "key": "cursor-secret",
+    }
+    resolver = {e["name"]: e for e in pods["filter-resolver"]["containers"][0]["env"]}
+    for env in (gateway, resolver):
+        assert env["ROW_FILTERS_PLUGIN_HANDLERS"]["value"] == "tariff_members"
+    assert signaling["DPS_ASYNC_SIGNALS"]["value"] == "true"
+    assert signaling["CATALOGUE_PATH"]["value"] == "/etc/dataplane/catalogue.yaml"
+    mounts = {m["name"]: m["mountPath"] for m in pods["signaling"]["containers"][0]["volumeMounts"]}
+    assert mounts["catalogue"] == "/etc/dataplane"
 
 
 def test_every_setting_is_passed_or_tunable(fit: list[Obj]) -> None:

@@ -72,6 +72,10 @@ Call: include "dataplane.env" (dict "root" $ "s" $s)
 - name: ROW_FILTERS_CACHE_MAXSIZE
   value: {{ $rf.cacheMaxSize | quote }}
 {{ include "dataplane.secretRef" (dict "env" "ROW_FILTERS_CACHE_KEY_SECRET" "ref" .root.Values.secrets.rowFiltersCacheKeySecret) }}
+{{- if $rf.pluginHandlers }}
+- name: ROW_FILTERS_PLUGIN_HANDLERS
+  value: {{ $rf.pluginHandlers | quote }}
+{{- end }}
 {{- end -}}
 
 {{- define "dataplane.env.gateway" -}}
@@ -104,6 +108,9 @@ Call: include "dataplane.env" (dict "root" $ "s" $s)
 {{- end }}
 {{- with $v.secrets.columnMaskKey }}
 {{ include "dataplane.secretRef" (dict "env" "COLUMN_MASK_KEY" "ref" .) }}
+{{- end }}
+{{- with $v.secrets.recordsCursorSecret }}
+{{ include "dataplane.secretRef" (dict "env" "RECORDS_CURSOR_SECRET" "ref" .) }}
 {{- end }}
 {{- end -}}
 
@@ -160,6 +167,12 @@ Call: include "dataplane.env" (dict "root" $ "s" $s)
 - name: DPS_TOKEN_TTL_SECONDS
   value: {{ . | toString | quote }}
 {{- end }}
+{{- if hasKey $d "asyncSignals" }}
+- name: DPS_ASYNC_SIGNALS
+  value: {{ $d.asyncSignals | quote }}
+{{- end }}
+- name: CATALOGUE_PATH
+  value: /etc/dataplane/catalogue.yaml
 {{ include "dataplane.secretRef" (dict "env" "DPS_TOKEN_SIGNING_KEY" "ref" .root.Values.secrets.dpsTokenSigningKey) }}
 {{- end }}
 {{- end -}}
@@ -173,7 +186,7 @@ silently wins) and that no secret arrives as a literal value.
 {{- define "dataplane.extraEnv" -}}
 {{- $managed := list -}}
 {{- range (include "dataplane.env" . | fromYamlArray) }}{{ $managed = append $managed .name }}{{ end -}}
-{{- $secretNames := list "KAFKA_BOOTSTRAP_SERVERS" "REDIS_URL" "DATASETS_DATABASE_URL" "DATABASE_URL" "DPS_FLOWS_DATABASE_URL" "ROW_FILTERS_CACHE_KEY_SECRET" "CELINE_OIDC_CLIENT_SECRET" "DPS_TOKEN_SIGNING_KEY" "COLUMN_MASK_KEY" -}}
+{{- $secretNames := list "KAFKA_BOOTSTRAP_SERVERS" "REDIS_URL" "DATASETS_DATABASE_URL" "DATABASE_URL" "DPS_FLOWS_DATABASE_URL" "ROW_FILTERS_CACHE_KEY_SECRET" "CELINE_OIDC_CLIENT_SECRET" "DPS_TOKEN_SIGNING_KEY" "COLUMN_MASK_KEY" "RECORDS_CURSOR_SECRET" -}}
 {{- range $name, $value := .s.env }}
 {{- if has $name $secretNames }}
 {{- fail (printf "services.%s.env.%s (or global.env): %s is a secret; name its Secret under `secrets:` instead of giving the value" $.s.name $name $name) }}

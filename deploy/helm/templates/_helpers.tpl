@@ -34,6 +34,7 @@ query-gateway:
   egress: [postgres, redis, kafka, oidc, ds, otel]
 signaling:
   http: true
+  catalogue: true
   env: [common, kafka, oidc, flowsDb, dpsSignaling]
   egress: [postgres, kafka, oidc, otel, web]
 filter-resolver:
