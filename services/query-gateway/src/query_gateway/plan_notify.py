@@ -34,25 +34,29 @@ class ReplyChannel:
         self.channel = redis_reply_channel(uuid.uuid4().hex)
         self.live = False  # whether requests may name the channel now
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="plan-reply-channel")
 
     async def stop(self) -> None:
+        # redis-py's get_message can swallow a cancellation that lands while it reads, so the
+        # reader also checks a flag after each poll and the wait for it is bounded: a shutdown
+        # that waited on a cancellation which never arrived hung the whole gateway
         self.live = False
+        self._stopping = True
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await asyncio.wait({self._task}, timeout=POLL_S + 1.0)
 
     async def _run(self) -> None:
         failures = 0
-        while True:
+        while not self._stopping:
             pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(self.channel)
                 self.live, failures = True, 0
-                while True:
+                while not self._stopping:
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=POLL_S)
                     if message is not None and isinstance(message.get("data"), bytes):
                         self._on_reply(message["data"])
@@ -63,5 +67,7 @@ class ReplyChannel:
                 self.live = False
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
+            if self._stopping:
+                return
             await asyncio.sleep(RESUBSCRIBE_BACKOFF_S[min(failures, len(RESUBSCRIBE_BACKOFF_S) - 1)])
             failures += 1
