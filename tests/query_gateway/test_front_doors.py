@@ -253,3 +253,26 @@ async def test_gs01_the_access_record_carries_the_trace_of_the_server_span(trace
     assert seen == [format(span.context.trace_id, "032x")]
     if traceparent is not None:
         assert seen == [TRACE]
+
+
+@pytest.mark.parametrize("route", ["/query", "/query/plan"])
+async def test_qe01_a_fault_of_ours_is_500_internal_error_with_the_request_id(route: str) -> None:
+    """A gateway that cannot answer at all (its state holds no gateway: every attribute it reads
+    fails) answers a coded problem carrying the request's id, never the server's bare 500."""
+    from types import SimpleNamespace
+
+    door = QueryRoutes(_Inner(), dps_enabled=False, state=SimpleNamespace(gateway=None))
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b'{"sql": "SELECT 1"}', "more_body": False}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    headers = [(b"content-type", b"application/json"), (b"x-request-id", b"req-fault")]
+    await door({"type": "http", "method": "POST", "path": route, "headers": headers}, receive, send)
+    start, body = sent[0], sent[1]
+    assert start["status"] == 500
+    assert dict(start["headers"])[b"x-request-id"] == b"req-fault"
+    assert json.loads(body["body"])["error"] == "internal_error"

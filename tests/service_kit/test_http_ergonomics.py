@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict
 
@@ -37,11 +38,17 @@ def _app() -> FastAPI:
     async def refused_token() -> None:
         raise ServiceError("invalid_token", "bearer token is not valid")
 
+    @app.get("/fault")
+    async def fault() -> None:
+        raise RuntimeError("a fault quoting did:web:secret.example and a token eyJhbGciOi")
+
     return app
 
 
 def _client() -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=_app()), base_url="http://t")
+    # the framework re-raises an unhandled exception after answering it: the answer is what we test
+    transport = httpx.ASGITransport(app=_app(), raise_app_exceptions=False)
+    return httpx.AsyncClient(transport=transport, base_url="http://t")
 
 
 async def test_errors_are_problem_documents_with_the_stable_code() -> None:
@@ -107,3 +114,20 @@ async def test_a_body_that_is_not_json_says_what_is_wrong() -> None:
         and a_list.json()["detail"] == "invalid request: the body must be a JSON object"
     )
     assert empty.status_code == 422 and "empty" in empty.json()["detail"]
+
+
+async def test_an_unexpected_fault_is_500_internal_error_with_the_request_id(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    async with _client() as c:
+        sent = await c.get("/fault", headers={"X-Request-ID": "fault-1"})
+        fresh = await c.get("/fault")
+    assert sent.status_code == fresh.status_code == 500
+    assert sent.headers["content-type"] == "application/problem+json"
+    assert sent.headers["x-request-id"] == "fault-1"
+    assert len(fresh.headers["x-request-id"]) == 32
+    body = sent.json()
+    assert body["error"] == "internal_error" and body["status"] == 500
+    assert "did:web" not in sent.text and "eyJ" not in sent.text  # the fault's words stay ours
+    logged = capsys.readouterr()
+    assert "did:web:secret" not in logged.out + logged.err

@@ -59,6 +59,7 @@ ErrorCode = Literal[
     "row_filter_unreadable",
     "ds_unavailable",
     "row_filter_invalid",
+    "internal_error",
     "row_filter_unavailable",
     "audit_unavailable",
     "database_unavailable",
@@ -119,6 +120,7 @@ STATUS: dict[str, int] = {
     "row_filter_unreadable": 502,
     "ds_unavailable": 502,
     "row_filter_invalid": 500,
+    "internal_error": 500,  # a fault of ours: logged by type, answered without any detail of it
     "row_filter_unavailable": 503,
     "audit_unavailable": 503,
     "database_unavailable": 503,

@@ -14,6 +14,9 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dataplane_contracts.errors import ErrorCode, status_of
+from dataplane_service_kit.logs import get_logger
+from dataplane_service_kit.request_ids import HEADER as REQUEST_ID
+from dataplane_service_kit.request_ids import from_scope
 
 PROBLEM_JSON = "application/problem+json"
 # the problem `type` of a code: a stable URI naming it (RFC 9457 lets a type be a URN; clients
@@ -177,3 +180,22 @@ def install_error_handlers(
     app.add_exception_handler(ServiceError, on_service_error)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
+    # Starlette answers an unhandled exception from its outermost layer, outside every middleware
+    # of ours: this handler is what gives that 500 its code and the request's id
+    app.add_exception_handler(Exception, on_unexpected)
+
+
+INTERNAL_DETAIL = "internal error; the request id names it in our logs"
+
+log = get_logger(__name__)
+
+
+def unexpected_response(exc: BaseException, rid: str) -> JSONResponse:
+    """500 internal_error with the request's id. The log line names the exception's type only:
+    its message or traceback could quote a statement, a principal or a token."""
+    log.error("unhandled_error", error_type=type(exc).__name__, request_id=rid)
+    return error_response("internal_error", INTERNAL_DETAIL, {REQUEST_ID: rid})
+
+
+async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    return unexpected_response(exc, from_scope(request.scope))

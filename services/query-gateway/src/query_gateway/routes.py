@@ -23,7 +23,13 @@ from opentelemetry import trace
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from dataplane_service_kit.errors import ServiceError, error_response, problem_response, validation_detail
+from dataplane_service_kit.errors import (
+    ServiceError,
+    error_response,
+    problem_response,
+    unexpected_response,
+    validation_detail,
+)
 from dataplane_service_kit.logs import get_logger
 from dataplane_service_kit.request_ids import HEADER, from_scope, request_id, with_request_id
 from dataplane_service_kit.telemetry import ServerSpans, answered
@@ -81,10 +87,10 @@ async def _guarded(
         # the error's own status: a code's fixed one, or the records profile's 400 (RequestRefused)
         headers = {**(exc.headers or {}), HEADER: ctx.request_id}
         return problem_response(exc.code, exc.status_code, exc.detail, headers)
-    except Exception:
+    except Exception as exc:  # a fault of ours: coded, counted and recorded like any refusal
         ctx.failed("internal_error", 500)
         REQUESTS.labels(route, "500", "internal_error").inc()
-        raise
+        return unexpected_response(exc, ctx.request_id)
     REQUESTS.labels(route, "200", "").inc()
     headers = {HEADER: ctx.request_id}
     applied = body.get("limit")
@@ -320,7 +326,10 @@ class QueryRoutes:
                 try:
                     response = await answer(gw, headers, body)
                 except ServiceError as exc:  # not raised by the answers (`_guarded`); a safety net
-                    response = error_response(exc.code, exc.detail, exc.headers)
+                    headers_of = {**(exc.headers or {}), HEADER: from_scope(scope)}
+                    response = error_response(exc.code, exc.detail, headers_of)
+                except Exception as exc:  # nor this: without it the server's bare 500 has no id
+                    response = unexpected_response(exc, from_scope(scope))
                 status = response.status_code
                 answered(span, status)
                 await response(scope, receive, send)
