@@ -5,12 +5,13 @@ new file passes every check, and keeps serving the old one — saying why — wh
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,10 +74,12 @@ def _ready(url: str) -> bool:
 Running = tuple[str, Path, subprocess.Popen[bytes], Path]  # url, catalogue file, process, its log
 
 
-@pytest.fixture
-def gateway_process(
-    world: World, tmp_path: Path
-) -> Iterator[tuple[str, Path, subprocess.Popen[bytes], Path]]:
+@contextlib.contextmanager
+def _gateway(
+    world: World, tmp_path: Path, starting: Callable[[subprocess.Popen[bytes], str], None]
+) -> Iterator[Running]:
+    """A real `query-gateway` process over a copy of the catalogue, ready; `starting` is called
+    with it as soon as it is spawned."""
     catalogue = tmp_path / "catalogue.yaml"
     shutil.copy(CATALOGUE, catalogue)
     port = infra.free_port()
@@ -93,6 +96,7 @@ def gateway_process(
             start_new_session=True,
         )
     try:
+        starting(proc, url)
         deadline = time.monotonic() + scaled(60)
         while not _ready(url):
             assert proc.poll() is None, log.read_text()[-3000:]
@@ -108,6 +112,12 @@ def gateway_process(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture
+def gateway_process(world: World, tmp_path: Path) -> Iterator[Running]:
+    with _gateway(world, tmp_path, lambda _proc, _url: None) as running:
+        yield running
 
 
 def _wait_for(what: str, check: Any, log: Path) -> None:
@@ -178,3 +188,34 @@ async def test_gs08_a_handler_neither_built_in_nor_declared_refuses_start_up(
 
     assert unknown_handlers(load_catalogue(bad), declared.row_filters_plugin_handlers) == []
     assert unknown_handlers(load_catalogue(bad), ()) == ["typo.person: subject_key_mach"]
+
+
+def _catches_sighup(pid: int) -> bool:
+    """Whether the process has bound a handler to SIGHUP (bit 0 of SigCgt is signal 1)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = next(line for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(caught.split()[1], 16) & 1)
+
+
+def test_gs08_a_sighup_during_start_up_is_reloaded_once_started(world: World, tmp_path: Path) -> None:
+    """SIGHUP's default action ends a process: one sent while the gateway is still starting (before
+    it is ready) must neither kill it nor be lost — the reload runs once start-up has finished."""
+    sent_before_ready: list[bool] = []
+
+    def hup_while_starting(proc: subprocess.Popen[bytes], url: str) -> None:
+        deadline = time.monotonic() + scaled(30)
+        while not _catches_sighup(proc.pid):
+            assert proc.poll() is None and time.monotonic() < deadline, "SIGHUP was never bound"
+            time.sleep(0.01)
+        sent_before_ready.append(not _ready(url))
+        proc.send_signal(signal.SIGHUP)
+
+    with _gateway(world, tmp_path, hup_while_starting) as (url, _catalogue, proc, log):
+        _wait_for("the reload asked during start-up", lambda: _reloads(url, "reloaded") == 1, log)
+        assert proc.poll() is None and _ready(url)
+        assert httpx.post(f"{url}/query", json=STATS).status_code == 200
+        assert "catalogue reload asked during start-up" in log.read_text()
+    assert sent_before_ready == [True]

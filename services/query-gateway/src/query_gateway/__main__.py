@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-import logging
-
-from dataplane_service_kit.logs import configure_logging
-from dataplane_service_kit.serve import serve
-from dataplane_service_kit.settings import load_settings
-from dataplane_service_kit.telemetry import setup_telemetry
-from query_gateway.access_log import AUDIT_LOGGER
-from query_gateway.app import create_app
-from query_gateway.settings import GatewaySettings
+from query_gateway.early_signals import remember_early_reloads
 
 
 def main() -> None:
+    # first, before the imports below take their second: a SIGHUP during start-up must not end it
+    remember_early_reloads()
+    import logging
+
+    from dataplane_service_kit.logs import configure_logging
+    from dataplane_service_kit.serve import serve
+    from dataplane_service_kit.settings import load_settings
+    from dataplane_service_kit.telemetry import setup_telemetry
+    from query_gateway.access_log import AUDIT_LOGGER
+    from query_gateway.app import create_app
+    from query_gateway.settings import GatewaySettings
+
     settings = load_settings(GatewaySettings)
     configure_logging("query-gateway", settings.log_level)
     # access records stay at INFO whatever LOG_LEVEL says (GS-01)

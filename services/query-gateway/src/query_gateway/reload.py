@@ -20,6 +20,7 @@ from prometheus_client import Counter, Gauge
 
 from dataplane_service_kit.logs import get_logger
 from query_gateway.catalogue_file import CatalogueRefused, CheckedCatalogue, check_catalogue
+from query_gateway.early_signals import take_early_reload
 from query_gateway.gateway import Gateway
 
 log = get_logger("query_gateway.catalogue")
@@ -107,4 +108,7 @@ def watch_catalogue(
     serving(checked)
     if reloader.install():
         stack.callback(reloader.uninstall)
+        if take_early_reload():  # asked while starting: the file may have changed since it was read
+            log.info("catalogue reload asked during start-up, reloading now", digest=checked.digest)
+            reloader._on_signal()
     return reloader
