@@ -13,6 +13,7 @@ import pytest
 from e2e_support import ALICE_PODS, System, fresh_principals, pods_of, rec_registry_verdict
 
 from dataplane_contracts.topics import PLAN_REQUESTS
+from dataplane_local.timeouts import scaled
 
 pytestmark = pytest.mark.e2e
 
@@ -72,7 +73,7 @@ async def test_all_resolvers_stopped_503_then_ready_again_serves(system: System)
         assert "items" not in refused.json()
     finally:
         for name in system.resolvers:  # start_service waits for /readyz (partitions held)
-            await asyncio.to_thread(system.stack.start_service, name, 120.0)
+            await asyncio.to_thread(system.stack.start_service, name, scaled(120.0))
     for name in system.resolvers:
         url = system.instance_urls()[name]
         assert (await system.http.get(f"{url}/readyz")).status_code == 200
