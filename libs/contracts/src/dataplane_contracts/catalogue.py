@@ -35,7 +35,6 @@ HANDLER_BINDS: dict[str, Binds | None] = {
 PURE_HANDLERS = frozenset(
     {"subject_key_match", "direct_user_match", "organization_match", "member_wide", "allow_all", "deny_all"}
 )
-LOOKUP_HANDLERS = frozenset({"rec_registry", "http_in_list", "table_pointer"})
 
 _IDENT = re.compile(r'^("[^"]+"|[A-Za-z_][A-Za-z0-9_$]*)(\.("[^"]+"|[A-Za-z_][A-Za-z0-9_$]*))?$')
 
