@@ -68,8 +68,7 @@ class CatalogueReloader:
                 catalogue=checked.catalogue,
                 columns=checked.columns,
                 mask_key=checked.mask_key,
-                entries={},  # both rebuilt from the new catalogue (Gateway.__post_init__)
-                plugin_binds={},
+                entries={},  # rebuilt from the new catalogue (Gateway.__post_init__)
             )
             self.digest = checked.digest
             serving(checked)
