@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -29,6 +28,7 @@ from dataplane_contracts.dps import (
     FlowState,
     PullTokenClaims,
 )
+from dataplane_service_kit.bounded_cache import BoundedCache
 from dataplane_service_kit.errors import ServiceError
 from dataplane_service_kit.logs import get_logger
 from query_gateway.sql.execute import rolled_back_only
@@ -108,7 +108,7 @@ class PullVerifier:
         # the signature check and claim parsing of a token seen before; the key is fixed for the
         # process. Only the signature is memoised: the grant is read on every request (below)
         self._verified: VerifiedTokens[PullTokenClaims | AccessTokenClaims] = VerifiedTokens()
-        self._used: OrderedDict[str, None] = OrderedDict()
+        self._used: BoundedCache[str, bool] = BoundedCache(USED_MEMO_SIZE)  # oldest first out
 
     def claims(self, token: str | None) -> PullTokenClaims | AccessTokenClaims:
         """The token's claims once its signature verified; an access token past its `exp` is
@@ -176,9 +176,7 @@ class PullVerifier:
         except Exception as exc:
             log.warning("pull_token_use_unrecorded", error=type(exc).__name__)
             raise ServiceError("database_unavailable", "the pull grants cannot be updated now") from None
-        self._used[jti] = None
-        while len(self._used) > USED_MEMO_SIZE:
-            self._used.popitem(last=False)
+        self._used.put(jti, True)
 
     async def verify(
         self,
