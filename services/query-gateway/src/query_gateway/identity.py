@@ -176,13 +176,3 @@ class OidcVerifier:
         if memoisable(claims):
             self._verified.put(token, caller, key, exp_of(claims))
         return caller
-
-
-def bearer(header: str | None) -> str | None:
-    """The token of an `Authorization: Bearer …` header; None when absent or empty."""
-    if not header:
-        return None
-    scheme, _, token = header.strip().partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        return None
-    return token.strip()

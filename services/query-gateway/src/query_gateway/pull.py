@@ -28,6 +28,7 @@ from dataplane_contracts.dps import (
     FlowState,
     PullTokenClaims,
 )
+from dataplane_service_kit.authorization import bearer
 from dataplane_service_kit.bounded_cache import BoundedCache
 from dataplane_service_kit.errors import ServiceError
 from dataplane_service_kit.logs import get_logger
@@ -54,18 +55,6 @@ class VerifiedPull:
     flow_id: str
     dataset_id: str = ""  # the flow's dataset
     grant_extensions: str | None = None  # as the grant holds them, checked by their reader
-
-
-def pull_token_of(header: str | None) -> str | None:
-    """The token from `Authorization`, with or without the `Bearer` prefix."""
-    if header is None:
-        return None
-    value = header.strip()
-    if value[:7].lower() == "bearer ":
-        value = value[7:].strip()
-    elif value.lower() == "bearer":
-        value = ""
-    return value or None
 
 
 log = get_logger(__name__)
@@ -190,7 +179,7 @@ class PullVerifier:
         `identified(consumer, agreement_id)` is called as soon as the token is known to be its
         flow's live one, before the flow's state and the agreement header are judged: those
         refusals are then recorded against the consumer and the flow's agreement (GS-02)."""
-        claims = self.claims(pull_token_of(header))
+        claims = self.claims(bearer(header, scheme_optional=True))  # with or without `Bearer`
         grant = await self.grant(claims.jti)
         if grant is None:
             raise ServiceError("pull_token", "pull token is not live")

@@ -29,6 +29,7 @@ from dataplane_contracts.dps import (
     DataPlaneRegistrationMessage,
     FlowState,
 )
+from dataplane_service_kit.authorization import bearer
 from dataplane_service_kit.errors import ServiceError
 from signaling import metrics, repository
 from signaling import openapi as api
@@ -39,12 +40,11 @@ from signaling.state import Dps, app_state, dps_state
 async def authenticate(request: Request) -> str:
     """DPS-02: a valid bearer from the configured issuer, whose azp (else client_id) is admitted."""
     dps = dps_state(request)
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    token = bearer(request.headers.get("authorization"))
+    if token is None:
         raise ServiceError("no_token", "signalling requires a bearer token")
     try:
-        claims = await dps.verifier.verify(token.strip())
+        claims = await dps.verifier.verify(token)
     except InvalidToken:
         raise ServiceError("invalid_token", "signalling token is not valid") from None
     client = claims.get("azp") or claims.get("client_id")
@@ -285,13 +285,10 @@ async def renew_token(request: Request, dps: DpsDep) -> JSONResponse:
         form = parse_qs(raw.decode("ascii"), keep_blank_values=True, strict_parsing=bool(raw))
     except (UnicodeDecodeError, ValueError):
         raise ServiceError("invalid_refresh_request", "the renewal form cannot be read") from None
-    scheme, _, client_jwt = request.headers.get("authorization", "").partition(" ")
 
     def identified(did: str) -> None:
         request.state.caller = did  # named in the access record once its JWT verified
 
-    renewed = await dps.renewal.renew(
-        form, client_jwt.strip() if scheme.lower() == "bearer" else None, identified
-    )
+    renewed = await dps.renewal.renew(form, bearer(request.headers.get("authorization")), identified)
     _ok("token")
     return JSONResponse(renewed.wire(), headers={"Cache-Control": "no-store", "Pragma": "no-cache"})
