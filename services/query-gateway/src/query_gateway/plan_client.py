@@ -166,7 +166,7 @@ class PlanClient:
             try:
                 batches: dict[Any, list[Any]] = await consumer.getmany(timeout_ms=1000)
             except KafkaError as exc:  # transient: keep the partition, keep reading
-                log.warning("plan replies unreadable", error=type(exc).__name__)
+                log.warning("plan_replies_unreadable", error=type(exc).__name__)
                 await asyncio.sleep(0.5)
                 continue
             for records in batches.values():
@@ -202,7 +202,7 @@ class PlanClient:
         try:
             reply = PlanResolved.model_validate_json(value)
         except ValidationError:
-            log.warning("unreadable plan reply skipped")
+            log.warning("plan_reply_unreadable_skipped")
             return False
         return self._answer(_Answer(reply), "kafka")
 
@@ -211,7 +211,7 @@ class PlanClient:
         try:
             copy = PlanReplyCopy.model_validate_json(value)
         except ValidationError:
-            log.warning("unreadable plan reply copy skipped")
+            log.warning("plan_reply_copy_unreadable_skipped")
             return False
         return self._answer(_Answer(copy.reply, copy.plan, copy.ttl_seconds), "redis")
 

@@ -73,7 +73,7 @@ class CatalogueReloader:
             self.digest = checked.digest
             serving(checked)
             CATALOGUE_RELOADS.labels(outcome="reloaded").inc()
-            log.info("catalogue reloaded", datasets=len(checked.catalogue.datasets), digest=checked.digest)
+            log.info("catalogue_reloaded", datasets=len(checked.catalogue.datasets), digest=checked.digest)
             return True
 
     def _on_signal(self) -> None:
