@@ -76,6 +76,23 @@ def test_builtin_binds_table() -> None:
     assert HANDLER_BINDS["allow_all"] is None
 
 
+def test_binds_of_knows_the_builtins_and_the_plugins_the_catalogue_declares() -> None:
+    cat = Catalogue.model_validate(
+        {
+            "datasets": [
+                _entry(
+                    person={"handler": "my_plugin", "binds": "person"},
+                    organization={"handler": "member_wide"},
+                )
+            ]
+        }
+    )
+    assert cat.binds_of("my_plugin") == "person"
+    assert cat.binds_of("organization_match") == "organization"
+    assert cat.binds_of("deny_all") is None
+    assert cat.binds_of("their_plugin") == "unknown"
+
+
 def test_columns_default_to_every_column_and_a_list_narrows_with_masks(tmp_path: Path) -> None:
     """Issue 15: no `columns:` is every column (catalogues written before it stay valid); a list
     names the exposed columns, a bare name or `{name, mask}` with mask `null` or `hash`."""

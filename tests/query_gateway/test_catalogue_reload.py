@@ -217,5 +217,5 @@ def test_gs08_a_sighup_during_start_up_is_reloaded_once_started(world: World, tm
         _wait_for("the reload asked during start-up", lambda: _reloads(url, "reloaded") == 1, log)
         assert proc.poll() is None and _ready(url)
         assert httpx.post(f"{url}/query", json=STATS).status_code == 200
-        assert "catalogue reload asked during start-up" in log.read_text()
+        assert "catalogue_reload_asked_while_starting" in log.read_text()
     assert sent_before_ready == [True]

@@ -5,6 +5,7 @@ organization), each `{handler, args, binds}`."""
 from __future__ import annotations
 
 import re
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,7 +36,9 @@ HANDLER_BINDS: dict[str, Binds | None] = {
 PURE_HANDLERS = frozenset(
     {"subject_key_match", "direct_user_match", "organization_match", "member_wide", "allow_all", "deny_all"}
 )
-LOOKUP_HANDLERS = frozenset({"rec_registry", "http_in_list", "table_pointer"})
+# Handlers that answer only for the caller's own rows: a delegated request (one naming subjects)
+# cannot be resolved by them (RF-06). The gateway refuses the pure ones, the resolver the others.
+REFUSES_DELEGATION = frozenset({"http_in_list", "table_pointer", "organization_match", "member_wide"})
 
 _IDENT = re.compile(r'^("[^"]+"|[A-Za-z_][A-Za-z0-9_$]*)(\.("[^"]+"|[A-Za-z_][A-Za-z0-9_$]*))?$')
 
@@ -172,6 +175,23 @@ class Catalogue(ContractModel):
 
     def by_id(self) -> dict[str, DatasetEntry]:
         return {d.id: d for d in self.datasets}
+
+    def binds_of(self, handler: str) -> Binds | Literal["unknown"] | None:
+        """GS-08: "person"/"organization" for a built-in, or for a plugin this catalogue declares
+        with its binds; None for allow_all/deny_all; "unknown" for a stranger."""
+        if handler in HANDLER_BINDS:
+            return HANDLER_BINDS[handler]
+        return self._plugin_binds.get(handler, "unknown")
+
+    @cached_property
+    def _plugin_binds(self) -> dict[str, Binds]:
+        """A plugin is known to this data plane when the catalogue declares it (with its binds)."""
+        out: dict[str, Binds] = {}
+        for entry in self.datasets:
+            for spec in (entry.row_filters.person, entry.row_filters.organization):
+                if spec is not None and spec.handler not in HANDLER_BINDS and spec.binds is not None:
+                    out[spec.handler] = spec.binds
+        return out
 
 
 def load_catalogue(path: str | Path) -> Catalogue:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import uuid
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import (
     AliasChoices,
@@ -53,8 +53,6 @@ class FlowRole(StrEnum):
     PROVIDER = "PROVIDER"  # created by start
     CONSUMER = "CONSUMER"  # created by prepare
 
-
-TERMINAL_STATES: frozenset[FlowState] = frozenset({FlowState.COMPLETED, FlowState.TERMINATED})
 
 _S = FlowState
 ALLOWED_TRANSITIONS: dict[FlowState, frozenset[FlowState]] = {
@@ -279,7 +277,7 @@ class ControlPlaneRegistrationMessage(TolerantModel):
 
 
 CallbackAction = Literal["prepared", "started", "completed", "errored"]
-CALLBACK_ACTIONS: tuple[str, ...] = ("prepared", "started", "completed", "errored")
+CALLBACK_ACTIONS: tuple[str, ...] = get_args(CallbackAction)
 
 
 # ---------------------------------------------------------------- pull token (DPS-06)

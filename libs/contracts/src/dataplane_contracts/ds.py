@@ -7,7 +7,7 @@ filter for another dataset cannot refuse a query that is otherwise fine."""
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import (
     AfterValidator,
@@ -187,6 +187,3 @@ class AuditQueryBody(ContractModel):
         if body.get("decision_ref") is None:
             body.pop("decision_ref", None)
         return body
-
-
-AccessDecision = Literal["allow", "deny"]

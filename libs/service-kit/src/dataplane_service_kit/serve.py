@@ -1,25 +1,27 @@
-"""Run an ASGI app with uvicorn, logging through our JSON configuration."""
+"""Run an ASGI app with uvicorn on the shared HTTP settings (HTTP_HOST, HTTP_PORT,
+HTTP_KEEP_ALIVE_TIMEOUT_SECONDS), logging through our JSON configuration."""
 
 from __future__ import annotations
 
 import uvicorn
 from fastapi import FastAPI
 
+from dataplane_contracts.settings import HttpSettings
 from dataplane_service_kit.telemetry import instrument_app
 
-# How long the server keeps an idle keep-alive connection open (HTTP_KEEP_ALIVE_TIMEOUT_SECONDS).
-# Above the keep-alive expiry of every client that calls us (httpx 5 s, aiohttp 15 s, an ingress
-# or load balancer 60 s): the side that closes an idle connection must be the client, else a
-# request sent as the server closes meets a reset. uvicorn's own default (5 s) equals httpx's.
-DEFAULT_KEEP_ALIVE_S = 75.0
 
-
-def serve(app: FastAPI, host: str, port: int, *, keep_alive_s: float = DEFAULT_KEEP_ALIVE_S) -> None:
+def serve(app: FastAPI, settings: HttpSettings) -> None:
+    """Serve `app` until stopped. The idle keep-alive (HTTP_KEEP_ALIVE_TIMEOUT_SECONDS, 75 s by
+    default) is above the keep-alive expiry of every client that calls us (httpx 5 s, aiohttp 15 s,
+    an ingress or load balancer 60 s): the side that closes an idle connection must be the client,
+    else a request sent as the server closes meets a reset. uvicorn's own default (5 s) equals
+    httpx's."""
     instrument_app(app)
+    keep_alive_s = settings.http_keep_alive_timeout_seconds
     uvicorn.run(
         app,
-        host=host,
-        port=port,
+        host=settings.http_host,
+        port=settings.http_port,
         log_config=None,
         access_log=False,
         lifespan="on",

@@ -18,12 +18,7 @@ def main() -> None:
     # httpx logs every request at INFO; one line per delivered disclosure is noise, not audit
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     setup_telemetry("audit-relay")
-    serve(
-        create_app(settings),
-        settings.http_host,
-        settings.http_port,
-        keep_alive_s=settings.http_keep_alive_timeout_seconds,
-    )
+    serve(create_app(settings), settings)
 
 
 if __name__ == "__main__":

@@ -74,7 +74,6 @@ def create_app(settings: Settings) -> FastAPI:
             health=health,
             metrics=metrics,
         )
-        app.state.relay = relay
         task = asyncio.create_task(relay.run(), name="audit-relay")
         task.add_done_callback(_report_crash)
         try:

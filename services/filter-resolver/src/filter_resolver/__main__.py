@@ -28,7 +28,7 @@ def main() -> None:
     except PluginLoadError as exc:
         print(f"invalid configuration: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    serve(app, settings.http_host, settings.http_port, keep_alive_s=settings.http_keep_alive_timeout_seconds)
+    serve(app, settings)
 
 
 if __name__ == "__main__":

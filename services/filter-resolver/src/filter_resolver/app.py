@@ -184,7 +184,6 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> FastAPI:
         runtime.consumer = PlanRequestConsumer(settings, runtime.resolver, metrics)
         runtime.consumer.start()
         holder["runtime"] = runtime
-        app.state.runtime = runtime
         log.info(
             "filter_resolver_started", handlers=runtime.registry.names(), topic=settings.plan_requests_topic
         )
@@ -209,7 +208,6 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> FastAPI:
         openapi_url=None,
         telemetry=FASTAPI_TELEMETRY,
     )
-    app.state.metrics = metrics
     app.include_router(health_router(checks, registry=metrics.registry))
     return app
 

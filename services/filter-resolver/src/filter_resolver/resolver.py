@@ -35,7 +35,7 @@ from dataplane_contracts.plans import (
 )
 from dataplane_service_kit.logs import get_logger
 from filter_resolver.errors import ResolveError, invalid, unavailable, unenforceable
-from filter_resolver.handlers.base import Handler
+from filter_resolver.handlers.base import Handler, refuse_delegation
 from filter_resolver.metrics import Metrics
 from filter_resolver.registry import HandlerRegistry
 from filter_resolver.retry import RetriesExhausted, with_retries
@@ -179,6 +179,7 @@ class Resolver:
         remaining = (request.deadline - datetime.now(UTC)).total_seconds()
         if remaining <= 0:
             raise unavailable("the request's deadline has passed")
+        refuse_delegation(claim)
 
         def on_retry(attempt: int, exc: BaseException) -> None:
             self._metrics.retries.labels(handler.name).inc()

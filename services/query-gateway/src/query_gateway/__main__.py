@@ -27,12 +27,7 @@ def main() -> None:
     if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
         logging.getLogger("httpx").setLevel(logging.WARNING)
     setup_telemetry("query-gateway")
-    serve(
-        create_app(settings),
-        settings.http_host,
-        settings.http_port,
-        keep_alive_s=settings.http_keep_alive_timeout_seconds,
-    )
+    serve(create_app(settings), settings)
 
 
 if __name__ == "__main__":

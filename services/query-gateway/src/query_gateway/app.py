@@ -153,7 +153,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.checks = checks
         app.state.capabilities = capabilities
         log.info(
-            "query-gateway ready",
+            "query_gateway_started",
             datasets=len(catalogue.datasets),
             catalogue_digest=checked.digest,
             reply_partition=plans.reply_partition,

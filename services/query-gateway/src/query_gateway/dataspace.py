@@ -10,14 +10,14 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from dataplane_contracts.catalogue import PURE_HANDLERS, DatasetEntry
+from dataplane_contracts.catalogue import PURE_HANDLERS, REFUSES_DELEGATION, DatasetEntry
 from dataplane_contracts.ds import AuthorizeRequest, DataplaneRowFilter, DatasetVerdict, DecisionEnvelope
 from dataplane_contracts.events import DisclosureRecorded
 from dataplane_contracts.plans import Plan
 from dataplane_service_kit.errors import ServiceError
 from query_gateway.access_log import AccessContext
 from query_gateway.gateway import Gateway, QueryBody, page_body
-from query_gateway.layers import REFUSES_DELEGATION, LayerRequest, apply_pure
+from query_gateway.layers import LayerRequest, apply_pure
 from query_gateway.policy import check_available, is_allow_all
 from query_gateway.sql import NarrowedQuery, ValidatedQuery
 
@@ -76,7 +76,7 @@ def _judge(gw: Gateway, entry: DatasetEntry, envelope: DecisionEnvelope) -> _Jud
         # catalogue's own person layer must admit every row (below) — never as "every row"
         row_filter = None
     if row_filter is not None:
-        binds = gw.binds_of(row_filter.handler)
+        binds = gw.catalogue.binds_of(row_filter.handler)
         if binds == "unknown":
             raise _unenforceable(row_filter.handler, entry.id, "unknown handler")
         if binds == "organization":

@@ -14,10 +14,10 @@ two counters only ever describe a cache that was consulted."""
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 
 from dataplane_contracts.ds import AuthorizeRequest, DecisionEnvelope
+from dataplane_service_kit.bounded_cache import BoundedCache
 from query_gateway.metrics import DS_DECISION_CACHE_HITS, DS_DECISION_CACHE_MISSES
 
 # (connector base, consumer DID, agreement, transfer, purpose as sent, sorted distinct datasets)
@@ -57,12 +57,9 @@ class DsDecisionCache:
     def __init__(
         self, maxsize: int, *, enabled: bool = True, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        if maxsize < 1:
-            raise ValueError("maxsize must be at least 1")
         self.enabled = enabled
-        self._maxsize = maxsize
         self._clock = clock
-        self._entries: OrderedDict[DecisionKey, tuple[float, DecisionEnvelope]] = OrderedDict()
+        self._entries: BoundedCache[DecisionKey, tuple[float, DecisionEnvelope]] = BoundedCache(maxsize)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -76,10 +73,9 @@ class DsDecisionCache:
         entry = self._entries.get(key)
         if entry is not None:
             if self._clock() < entry[0]:
-                self._entries.move_to_end(key)
                 DS_DECISION_CACHE_HITS.inc()
                 return entry[1]
-            del self._entries[key]  # expired: never served again, and no longer takes room
+            self._entries.pop(key)  # expired: never served again, and no longer takes room
         DS_DECISION_CACHE_MISSES.inc()
         return None
 
@@ -91,10 +87,7 @@ class DsDecisionCache:
         ttl = ttl_of(envelope)
         if ttl is None:
             # a newer answer without a lifetime also retires an older one kept for this question
-            self._entries.pop(key, None)
+            self._entries.pop(key)
             return
         start = self._clock() if asked_at is None else asked_at
-        self._entries[key] = (start + ttl, envelope)
-        self._entries.move_to_end(key)
-        while len(self._entries) > self._maxsize:
-            self._entries.popitem(last=False)
+        self._entries.put(key, (start + ttl, envelope))

@@ -45,7 +45,7 @@ class DisclosurePublisher:
         except (TimeoutError, KafkaError) as exc:
             # the event may still become durable later: ds then holds a record of a disclosure
             # that did not happen — the safe direction
-            log.error("disclosure not acknowledged; rows withheld", error=type(exc).__name__)
+            log.error("disclosure_not_acknowledged_rows_withheld", error=type(exc).__name__)
             raise ServiceError(
                 "audit_unavailable", "disclosure could not be recorded; no rows served"
             ) from None

@@ -12,7 +12,7 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dataplane_contracts.catalogue import HANDLER_BINDS, PURE_HANDLERS, Binds, Catalogue, DatasetEntry
+from dataplane_contracts.catalogue import PURE_HANDLERS, Binds, Catalogue, DatasetEntry
 from dataplane_contracts.ds import Organization
 from dataplane_contracts.plans import CallerIdentity, ClaimCheck, Plan
 from dataplane_service_kit.errors import ServiceError
@@ -102,7 +102,6 @@ class Gateway:
     pull: PullVerifier | None = None
     mask_key: MaskKey | None = None  # COLUMN_MASK_KEY, for the catalogue's `hash` column masks
     entries: dict[str, DatasetEntry] = field(default_factory=dict)
-    plugin_binds: dict[str, Binds] = field(default_factory=dict)
     # some dataset can be read without a bearer: else an anonymous request is refused 401 before
     # its statement is parsed (what the statement says is no business of an anonymous caller)
     anonymous_readable: bool = False
@@ -113,17 +112,6 @@ class Gateway:
             entry.expose and entry.access_level != "secret" and not needs_caller(entry)
             for entry in self.catalogue.datasets
         )
-        # a plugin is known to this data plane when the catalogue declares it (with its binds)
-        for entry in self.catalogue.datasets:
-            for spec in (entry.row_filters.person, entry.row_filters.organization):
-                if spec is not None and spec.handler not in HANDLER_BINDS and spec.binds is not None:
-                    self.plugin_binds[spec.handler] = spec.binds
-
-    def binds_of(self, handler: str) -> Binds | str | None:
-        """ "person"/"organization"; None for allow_all/deny_all; "unknown" for a stranger."""
-        if handler in HANDLER_BINDS:
-            return HANDLER_BINDS[handler]
-        return self.plugin_binds.get(handler, "unknown")
 
     # ------------------------------------------------------------------ statement
     def admissible(self, body: QueryBody) -> str:

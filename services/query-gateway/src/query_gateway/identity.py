@@ -49,10 +49,6 @@ class Caller:
     def platform_admin(self) -> bool:
         return PLATFORM_ADMIN_ROLE in self.roles
 
-    @property
-    def groups(self) -> tuple[str, ...]:
-        return tuple(sorted({g for o in self.orgs for g in o.groups}))
-
     def reading_orgs(self) -> tuple[OrgMembership, ...]:
         """Organizations in which the caller holds a reading group (docs/gateway.md), sorted by alias."""
         return tuple(sorted((o for o in self.orgs if READING_GROUPS & set(o.groups)), key=lambda o: o.alias))
@@ -180,13 +176,3 @@ class OidcVerifier:
         if memoisable(claims):
             self._verified.put(token, caller, key, exp_of(claims))
         return caller
-
-
-def bearer(header: str | None) -> str | None:
-    """The token of an `Authorization: Bearer …` header; None when absent or empty."""
-    if not header:
-        return None
-    scheme, _, token = header.strip().partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        return None
-    return token.strip()

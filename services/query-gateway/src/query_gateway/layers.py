@@ -8,15 +8,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dataplane_contracts.catalogue import PURE_HANDLERS
+from dataplane_contracts.catalogue import PURE_HANDLERS, REFUSES_DELEGATION
 from dataplane_contracts.ds import Organization
 from dataplane_contracts.keys import values_of_type
 from dataplane_contracts.plans import Plan
 from dataplane_service_kit.errors import ServiceError
 from query_gateway.identity import Caller
-
-# handlers that answer only for the caller's own rows: a delegated request cannot be resolved
-REFUSES_DELEGATION = frozenset({"http_in_list", "table_pointer", "organization_match", "member_wide"})
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,6 @@ import contextlib
 import time
 import uuid
 import zlib
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -43,6 +42,7 @@ from dataplane_contracts.plans import (
     redis_plan_key,
 )
 from dataplane_contracts.topics import PLAN_REPLIES, PLAN_REQUESTS
+from dataplane_service_kit.bounded_cache import BoundedCache
 from dataplane_service_kit.errors import ServiceError
 from dataplane_service_kit.logs import get_logger
 from dataplane_service_kit.telemetry import kafka_headers
@@ -71,26 +71,21 @@ class PlanLru:
     """Plans by cache key with their expiry; oldest evicted first when full."""
 
     def __init__(self, maxsize: int) -> None:
-        self._maxsize = maxsize
-        self._items: OrderedDict[str, tuple[Plan, float]] = OrderedDict()
+        self._items: BoundedCache[str, tuple[Plan, float]] = BoundedCache(maxsize)
 
     def get(self, key: str) -> Plan | None:
         item = self._items.get(key)
         if item is None:
             return None
         if item[1] <= time.monotonic():
-            del self._items[key]
+            self._items.pop(key)
             return None
-        self._items.move_to_end(key)
         return item[0]
 
     def put(self, key: str, plan: Plan, ttl_seconds: float) -> None:
         if ttl_seconds <= 0:
             return
-        self._items[key] = (plan, time.monotonic() + ttl_seconds)
-        self._items.move_to_end(key)
-        while len(self._items) > self._maxsize:
-            self._items.popitem(last=False)
+        self._items.put(key, (plan, time.monotonic() + ttl_seconds))
 
     def __len__(self) -> int:
         return len(self._items)
@@ -171,7 +166,7 @@ class PlanClient:
             try:
                 batches: dict[Any, list[Any]] = await consumer.getmany(timeout_ms=1000)
             except KafkaError as exc:  # transient: keep the partition, keep reading
-                log.warning("plan replies unreadable", error=type(exc).__name__)
+                log.warning("plan_replies_unreadable", error=type(exc).__name__)
                 await asyncio.sleep(0.5)
                 continue
             for records in batches.values():
@@ -207,7 +202,7 @@ class PlanClient:
         try:
             reply = PlanResolved.model_validate_json(value)
         except ValidationError:
-            log.warning("unreadable plan reply skipped")
+            log.warning("plan_reply_unreadable_skipped")
             return False
         return self._answer(_Answer(reply), "kafka")
 
@@ -216,7 +211,7 @@ class PlanClient:
         try:
             copy = PlanReplyCopy.model_validate_json(value)
         except ValidationError:
-            log.warning("unreadable plan reply copy skipped")
+            log.warning("plan_reply_copy_unreadable_skipped")
             return False
         return self._answer(_Answer(copy.reply, copy.plan, copy.ttl_seconds), "redis")
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -29,6 +28,8 @@ from dataplane_contracts.dps import (
     FlowState,
     PullTokenClaims,
 )
+from dataplane_service_kit.authorization import bearer
+from dataplane_service_kit.bounded_cache import BoundedCache
 from dataplane_service_kit.errors import ServiceError
 from dataplane_service_kit.logs import get_logger
 from query_gateway.sql.execute import rolled_back_only
@@ -54,18 +55,6 @@ class VerifiedPull:
     flow_id: str
     dataset_id: str = ""  # the flow's dataset
     grant_extensions: str | None = None  # as the grant holds them, checked by their reader
-
-
-def pull_token_of(header: str | None) -> str | None:
-    """The token from `Authorization`, with or without the `Bearer` prefix."""
-    if header is None:
-        return None
-    value = header.strip()
-    if value[:7].lower() == "bearer ":
-        value = value[7:].strip()
-    elif value.lower() == "bearer":
-        value = ""
-    return value or None
 
 
 log = get_logger(__name__)
@@ -108,7 +97,7 @@ class PullVerifier:
         # the signature check and claim parsing of a token seen before; the key is fixed for the
         # process. Only the signature is memoised: the grant is read on every request (below)
         self._verified: VerifiedTokens[PullTokenClaims | AccessTokenClaims] = VerifiedTokens()
-        self._used: OrderedDict[str, None] = OrderedDict()
+        self._used: BoundedCache[str, bool] = BoundedCache(USED_MEMO_SIZE)  # oldest first out
 
     def claims(self, token: str | None) -> PullTokenClaims | AccessTokenClaims:
         """The token's claims once its signature verified; an access token past its `exp` is
@@ -176,9 +165,7 @@ class PullVerifier:
         except Exception as exc:
             log.warning("pull_token_use_unrecorded", error=type(exc).__name__)
             raise ServiceError("database_unavailable", "the pull grants cannot be updated now") from None
-        self._used[jti] = None
-        while len(self._used) > USED_MEMO_SIZE:
-            self._used.popitem(last=False)
+        self._used.put(jti, True)
 
     async def verify(
         self,
@@ -192,7 +179,7 @@ class PullVerifier:
         `identified(consumer, agreement_id)` is called as soon as the token is known to be its
         flow's live one, before the flow's state and the agreement header are judged: those
         refusals are then recorded against the consumer and the flow's agreement (GS-02)."""
-        claims = self.claims(pull_token_of(header))
+        claims = self.claims(bearer(header, scheme_optional=True))  # with or without `Bearer`
         grant = await self.grant(claims.jti)
         if grant is None:
             raise ServiceError("pull_token", "pull token is not live")

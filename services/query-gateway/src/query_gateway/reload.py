@@ -69,13 +69,12 @@ class CatalogueReloader:
                 catalogue=checked.catalogue,
                 columns=checked.columns,
                 mask_key=checked.mask_key,
-                entries={},  # both rebuilt from the new catalogue (Gateway.__post_init__)
-                plugin_binds={},
+                entries={},  # rebuilt from the new catalogue (Gateway.__post_init__)
             )
             self.digest = checked.digest
             serving(checked)
             CATALOGUE_RELOADS.labels(outcome="reloaded").inc()
-            log.info("catalogue reloaded", datasets=len(checked.catalogue.datasets), digest=checked.digest)
+            log.info("catalogue_reloaded", datasets=len(checked.catalogue.datasets), digest=checked.digest)
             return True
 
     def _on_signal(self) -> None:
@@ -109,6 +108,6 @@ def watch_catalogue(
     if reloader.install():
         stack.callback(reloader.uninstall)
         if take_early_reload():  # asked while starting: the file may have changed since it was read
-            log.info("catalogue reload asked during start-up, reloading now", digest=checked.digest)
+            log.info("catalogue_reload_asked_while_starting", digest=checked.digest)
             reloader._on_signal()
     return reloader

@@ -23,6 +23,7 @@ from opentelemetry import trace
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from dataplane_service_kit.authorization import bearer
 from dataplane_service_kit.errors import (
     ServiceError,
     error_response,
@@ -38,7 +39,7 @@ from query_gateway.access_log import QUERY_ACTION, TOKEN_ACTION, AccessContext
 from query_gateway.connector import resolve_connector
 from query_gateway.dataspace import DataspaceRequest, parse_purpose, run_dataspace
 from query_gateway.gateway import Gateway, QueryBody
-from query_gateway.identity import Caller, bearer
+from query_gateway.identity import Caller
 from query_gateway.metrics import REQUEST_DURATION, REQUESTS
 from query_gateway.normal import explain_normal, run_normal
 from query_gateway.records.frozen import frozen_of

@@ -12,9 +12,10 @@ set and the time — issuer, audience, algorithms — is fixed for the process. 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
+
+from dataplane_service_kit.bounded_cache import BoundedCache
 
 V = TypeVar("V")
 
@@ -48,8 +49,7 @@ class VerifiedTokens(Generic[V]):
     """Least recently used, at most `size` tokens."""
 
     def __init__(self, size: int = DEFAULT_SIZE) -> None:
-        self._size = size
-        self._entries: OrderedDict[str, Verified[V]] = OrderedDict()
+        self._entries: BoundedCache[str, Verified[V]] = BoundedCache(size)
 
     def get(self, token: str) -> Verified[V] | None:
         """The entry, if it has not expired; an expired entry is dropped. The caller still checks
@@ -58,19 +58,15 @@ class VerifiedTokens(Generic[V]):
         if entry is None:
             return None
         if entry.exp is not None and entry.exp <= time.time():
-            del self._entries[token]
+            self._entries.pop(token)
             return None
-        self._entries.move_to_end(token)
         return entry
 
     def put(self, token: str, value: V, key: object, exp: int | None) -> None:
-        self._entries[token] = Verified(value, key, exp)
-        self._entries.move_to_end(token)
-        while len(self._entries) > self._size:
-            self._entries.popitem(last=False)
+        self._entries.put(token, Verified(value, key, exp))
 
     def drop(self, token: str) -> None:
-        self._entries.pop(token, None)
+        self._entries.pop(token)
 
     def __len__(self) -> int:
         return len(self._entries)

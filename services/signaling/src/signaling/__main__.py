@@ -50,12 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     setup_telemetry("signaling")
     from signaling.app import create_app
 
-    serve(
-        create_app(settings),
-        settings.http_host,
-        settings.http_port,
-        keep_alive_s=settings.http_keep_alive_timeout_seconds,
-    )
+    serve(create_app(settings), settings)
 
 
 if __name__ == "__main__":

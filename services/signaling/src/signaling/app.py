@@ -36,7 +36,7 @@ from signaling.oidc import JwtVerifier
 from signaling.openapi import SECURITY_SCHEMES
 from signaling.outbox import OutboxRelay
 from signaling.renewal import TokenRenewal
-from signaling.routes import router, token_router
+from signaling.routes import dps_router, token_router
 from signaling.settings import Settings
 from signaling.state import AppState, Dps
 from signaling.tokens import PullTokenSigner
@@ -304,8 +304,8 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_middleware(RequestIds)  # the outermost of ours: every answer carries X-Request-ID
     app.include_router(health_router(lambda: _checks(app)))
     if settings.dps_enabled:  # DPS-01: nothing under /dps exists otherwise
-        app.include_router(router)
-        app.include_router(token_router)
+        app.include_router(dps_router())
+        app.include_router(token_router())
     return app
 
 

@@ -187,23 +187,6 @@ class FlowService:
             "grant_extensions": None,
         }
 
-    @staticmethod
-    def _record(values: dict[str, Any]) -> FlowRecord:
-        return FlowRecord(
-            id=values["id"],
-            role=FlowRole(values["role"]),
-            state=FlowState(values["state"]),
-            caller=values["caller"],
-            participant_id=values["participant_id"],
-            counter_party_id=values["counter_party_id"],
-            agreement_id=values["agreement_id"],
-            dataset_id=values["dataset_id"],
-            transfer_type=values["transfer_type"],
-            callback_address=values["callback_address"],
-            data_address=None,
-            token_id=values["token_id"],
-        )
-
     # ------------------------------------------------------------------ creation
     async def prepare(self, msg: DataFlowPrepareMessage, caller: str) -> DataFlowStatusMessage:
         """DPS-04: the consumer side; PREPARED, no data address. Asynchronous: PREPARING, and the
@@ -212,7 +195,9 @@ class FlowService:
         state = FlowState.PREPARING if self.asynchronous else FlowState.PREPARED
         values = self._new_values(msg, FlowRole.CONSUMER, state, caller)
         values["transfer_type"] = transfer_type
-        await self._create(self._record(values), values, "prepare", "prepared" if self.asynchronous else None)
+        await self._create(
+            FlowRecord.from_values(values), values, "prepare", "prepared" if self.asynchronous else None
+        )
         return DataFlowStatusMessage(data_flow_id=msg.flow_id, state=state)
 
     async def start(self, msg: DataFlowStartMessage, caller: str) -> DataFlowStatusMessage:
@@ -228,14 +213,14 @@ class FlowService:
             values = self._new_values(msg, FlowRole.PROVIDER, FlowState.STARTING, caller)
             values["transfer_type"] = transfer_type
             values["grant_extensions"] = frozen
-            await self._create(self._record(values), values, "start", "started")
+            await self._create(FlowRecord.from_values(values), values, "start", "started")
             return DataFlowStatusMessage(data_flow_id=msg.flow_id, state=FlowState.STARTING)
         values = self._new_values(msg, FlowRole.PROVIDER, FlowState.STARTED, caller)
         values["transfer_type"] = transfer_type
         values["grant_extensions"] = frozen
-        credentials, address = self._issue(self._record(values))
+        credentials, address = self._issue(FlowRecord.from_values(values))
         values.update(credentials)
-        await self._create(self._record(values), values, "start")
+        await self._create(FlowRecord.from_values(values), values, "start")
         metrics.TOKENS_ISSUED.inc()
         return DataFlowStatusMessage(data_flow_id=msg.flow_id, state=FlowState.STARTED, data_address=address)
 

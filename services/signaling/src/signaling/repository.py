@@ -3,7 +3,7 @@ the service layer decides where a unit of work begins and commits."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -39,7 +39,11 @@ class FlowRecord:
 
     @classmethod
     def from_row(cls, row: Any) -> FlowRecord:
-        m = row._mapping
+        return cls.from_values(row._mapping)
+
+    @classmethod
+    def from_values(cls, m: Mapping[str, Any]) -> FlowRecord:
+        """A flow from its columns: a row read, or the values a new flow is inserted with."""
         return cls(
             id=m["id"],
             role=FlowRole(m["role"]),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from dataplane_contracts.catalogue import REFUSES_DELEGATION
 from dataplane_contracts.plans import CallerIdentity, ClaimCheck, Plan
 from filter_resolver.errors import invalid, unenforceable
 
@@ -32,10 +33,11 @@ def optional_str(handler: str, args: Mapping[str, Any], name: str, default: str)
     return value
 
 
-def refuse_delegation(handler: str, claim: ClaimCheck) -> None:
-    """A handler that reads the caller's own rows cannot answer for named subjects (RF-06)."""
-    if claim.principals is not None or claim.keys:
-        raise unenforceable(f"{handler} refuses a delegated request")
+def refuse_delegation(claim: ClaimCheck) -> None:
+    """A handler that reads the caller's own rows (REFUSES_DELEGATION, shared with the gateway)
+    cannot answer a delegated request, even one naming nobody (RF-06)."""
+    if claim.handler in REFUSES_DELEGATION and (claim.principals is not None or claim.keys):
+        raise unenforceable(f"{claim.handler} refuses a delegated request")
 
 
 def person_caller(handler: str, claim: ClaimCheck) -> CallerIdentity:

@@ -24,7 +24,7 @@ import httpx
 from dataplane_contracts.plans import CallerIdentity, ClaimCheck, Plan
 from dataplane_service_kit.logs import get_logger
 from filter_resolver.errors import TransientUpstream, invalid, unavailable
-from filter_resolver.handlers.base import person_caller, refuse_delegation, required_str, unique_in_order
+from filter_resolver.handlers.base import person_caller, required_str, unique_in_order
 
 NAME = "http_in_list"
 PLACEHOLDER = re.compile(r"\{(sub|username|email|token)\}")
@@ -39,7 +39,6 @@ class HttpInListHandler:
         self._http = http
 
     async def resolve(self, claim: ClaimCheck) -> Plan:
-        refuse_delegation(NAME, claim)
         args = claim.args
         column = required_str(NAME, args, "column")
         request = _Request(args, person_caller(NAME, claim))

@@ -18,7 +18,6 @@ from filter_resolver.errors import invalid, unavailable
 from filter_resolver.handlers.base import (
     optional_str,
     person_caller,
-    refuse_delegation,
     required_str,
     unique_in_order,
 )
@@ -49,7 +48,6 @@ class TablePointerHandler:
         self._pool = pool
 
     async def resolve(self, claim: ClaimCheck) -> Plan:
-        refuse_delegation(NAME, claim)
         args = claim.args
         column = required_str(NAME, args, "column")
         table = quote_table(required_str(NAME, args, "pointer_table"))

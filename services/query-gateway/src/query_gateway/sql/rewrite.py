@@ -4,7 +4,6 @@ narrowed"), then proving it on a fresh parse of the result (verify.py) before an
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -12,6 +11,7 @@ from sqlglot import exp
 
 from dataplane_contracts.catalogue import Catalogue, DatasetEntry
 from dataplane_contracts.plans import Plan
+from dataplane_service_kit.bounded_cache import BoundedCache
 from dataplane_service_kit.errors import ServiceError
 from query_gateway.sql.columns import cast_for, convert_values
 from query_gateway.sql.exposure import (
@@ -74,7 +74,8 @@ class _Rewritten:
 
 
 CACHE_SIZE = 1024
-_cache: OrderedDict[tuple[str, int, bool, NarrowShape], tuple[Catalogue, _Rewritten]] = OrderedDict()
+_CacheKey = tuple[str, int, bool, NarrowShape]
+_cache: BoundedCache[_CacheKey, tuple[Catalogue, _Rewritten]] = BoundedCache(CACHE_SIZE)
 _cache_lock = threading.Lock()
 
 
@@ -143,13 +144,10 @@ def _narrowed_sql(
         hit = _cache.get(key)
         # the entry holds the catalogue itself, so its id cannot be reused while the entry lives
         if hit is not None and hit[0] is catalogue:
-            _cache.move_to_end(key)
             return hit[1]
     narrowed = _rewrite(q, catalogue, columns, denied, shape)
     with _cache_lock:
-        _cache[key] = (catalogue, narrowed)
-        while len(_cache) > CACHE_SIZE:
-            _cache.popitem(last=False)
+        _cache.put(key, (catalogue, narrowed))
     return narrowed
 
 

@@ -86,7 +86,3 @@ def _is_named(table: exp.Table) -> bool:
     except ValueError:
         return False
     return True
-
-
-def cte_names(root: exp.Expr) -> list[exp.Identifier]:
-    return [cte.args["alias"].this for cte in root.find_all(exp.CTE)]
