@@ -37,6 +37,9 @@ async def plan_normal(
             check_policy(entry, caller)
         if caller is None or not caller.platform_admin:
             check_layers_declared(entry)
+    ctx.current = None
+    # GS-14: after the policy (a refused caller takes no token), before any plan is resolved
+    await gw.admit("sub", caller.sub if caller is not None else None, q.dataset_ids)
     plans: dict[str, list[Plan]] = {}
     identity = caller.identity() if caller is not None else None
     for entry in entries:
