@@ -69,6 +69,7 @@ UNBOUNDED_GENERATORS = frozenset(
         "repeat",
         "lpad",
         "rpad",
+        "pad",
         "regexp_split_to_table",
         "string_to_table",
         "json_array_elements",
@@ -176,6 +177,14 @@ def function_allowed(node: exp.Func) -> bool:
     if isinstance(node, _CLASS_ALIASES):
         return True
     return any(name.lower() in FUNCTION_ALLOWLIST for name in node.sql_names())
+
+
+# sqlglot's names of PostgreSQL's generators, spelled back as the statement wrote them
+_PG_SPELLING = {"EXPLODING_GENERATE_SERIES": "GENERATE_SERIES", "EXPLODE": "UNNEST", "PAD": "LPAD/RPAD"}
+
+
+def postgres_name(name: str) -> str:
+    return _PG_SPELLING.get(name.upper(), name.upper())
 
 
 def unbounded_generator(node: exp.Func) -> bool:

@@ -179,7 +179,9 @@ def _check_node(node: exp.Expr) -> None:
             return
         fname = str(node.this) if isinstance(node, exp.Anonymous) else node.sql_names()[0]
         if rules.unbounded_generator(node):
-            raise _refuse(f"Set-returning function not allowed (unbounded rows): {fname.upper()}")
+            raise _refuse(
+                f"Set-returning function not allowed (unbounded rows): {rules.postgres_name(fname)}"
+            )
         raise _refuse(f"SQL function not allowed: {fname.upper()}")
     raise _refuse(f"Unsupported SQL construct: {name}")
 
