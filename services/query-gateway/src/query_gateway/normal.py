@@ -39,7 +39,8 @@ async def plan_normal(
             check_layers_declared(entry)
     ctx.current = None
     # GS-14: after the policy (a refused caller takes no token), before any plan is resolved
-    await gw.admit("sub", caller.sub if caller is not None else None, q.dataset_ids)
+    # (a token without `sub` is its client's); every anonymous caller shares one bucket
+    await gw.admit("sub", (caller.sub or caller.client_id) if caller is not None else None, q.dataset_ids)
     plans: dict[str, list[Plan]] = {}
     identity = caller.identity() if caller is not None else None
     for entry in entries:
