@@ -199,7 +199,9 @@ class RecordsPage(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     items: list[dict[str, Any]] = Field(description="the records, each an object by column name")
-    limit: int = Field(description="the limit applied: 100 when absent, at most 1 000")
+    limit: int = Field(
+        description="the limit applied: 100 when absent, at most 1 000, at most the dataset's `max_rows`"
+    )
     has_more: bool = Field(description="whether records follow this page (of the filtered answer)")
     next_cursor: str | None = Field(
         description="opaque; the next page with the same filters, null at the end"
