@@ -133,3 +133,23 @@ def test_a_columns_list_is_refused_when_it_is_not_a_list_of_distinct_columns(
 ) -> None:
     with pytest.raises(ValidationError, match=why):
         Catalogue.model_validate({"datasets": [{**_entry(), "columns": columns}]})
+
+
+def test_gs14_qe07_limits_are_optional_and_strict() -> None:
+    """`max_rows` and `rate_limit` default to none (a catalogue written before them reads as it
+    did); a value that cannot be meant is refused, as is a field the bucket does not take."""
+    entry = Catalogue.model_validate({"datasets": [_entry()]}).datasets[0]
+    assert (entry.max_rows, entry.rate_limit) == (None, None)
+    limited = {**_entry(), "max_rows": 50, "rate_limit": {"per_second": 0.5, "burst": 3}}
+    entry = Catalogue.model_validate({"datasets": [limited]}).datasets[0]
+    assert entry.max_rows == 50 and entry.rate_limit is not None
+    assert (entry.rate_limit.per_second, entry.rate_limit.burst) == (0.5, 3)
+    for wrong in (
+        {"max_rows": 0},
+        {"rate_limit": {"per_second": 0, "burst": 1}},
+        {"rate_limit": {"per_second": 1, "burst": 0}},
+        {"rate_limit": {"per_second": 1}},
+        {"rate_limit": {"per_second": 1, "burst": 1, "window": 60}},
+    ):
+        with pytest.raises(ValidationError):
+            Catalogue.model_validate({"datasets": [{**_entry(), **wrong}]})

@@ -52,6 +52,8 @@ async def system() -> AsyncIterator[object]:
                 # documents from the in-test double (plain HTTP, a port)
                 "DPS_TRANSFER_TYPES": '["HttpData-PULL", "http-pull"]',
                 "DPS_DID_WEB_ALLOW_HTTP": "true",
+                # GS-14: the demo catalogue plus a rate-limited dataset of its own
+                "CATALOGUE_PATH": str(support.e2e_catalogue(Path(tmp))),
             },
         )
         # `up` runs its own event loops (asyncio.run): keep them off the test session's loop

@@ -28,6 +28,28 @@ ALICE_PODS = {"IT001E00000001", "IT001E00000003"}
 ALL_PODS = {"IT001E00000001", "IT001E00000002", "IT001E00000003", "IT001E00000004"}
 POD_SQL = "SELECT DISTINCT pod FROM meter_readings ORDER BY pod"
 
+# GS-14 across replicas: a dataset of its own with a small bucket, so no other test meets the
+# limit (two reads, then one token every two seconds per consumer)
+LIMITED_DATASET = "limited_readings"
+LIMITED = f"""
+  - id: {LIMITED_DATASET}
+    table: public.meter_readings
+    access_level: restricted  # no anonymous reader: the stack's other answers stay as they were
+    expose: true
+    dataspace_expose: true
+    rate_limit: {{per_second: 0.5, burst: 2}}
+    row_filters:
+      person: {{handler: allow_all, binds: person}}
+      organization: {{handler: allow_all, binds: organization}}
+"""
+
+
+def e2e_catalogue(directory: Path) -> Path:
+    """The local stack's catalogue plus the limited dataset."""
+    path = directory / "catalogue.yaml"
+    path.write_text((DEPLOY_LOCAL / "catalogue.yaml").read_text().rstrip("\n") + "\n" + LIMITED)
+    return path
+
 
 @dataclass
 class System:

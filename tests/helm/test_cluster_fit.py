@@ -231,6 +231,15 @@ def test_extra_env_volumes_init_containers_and_native_sidecars(fit: list[Obj]) -
     env = {e["name"]: e for e in container["env"]}
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert env["DATABASE_COMMAND_TIMEOUT_MS"]["value"] == "7000"
+    # issue 15's limits (GS-14, QE-06) as the values set them
+    limits = {
+        k: env[k]["value"] for k in ("QUERY_MAX_PLAN_COST", "RATE_LIMIT_PER_SECOND", "RATE_LIMIT_BURST")
+    }
+    assert limits == {
+        "QUERY_MAX_PLAN_COST": "50000000",
+        "RATE_LIMIT_PER_SECOND": "20",
+        "RATE_LIMIT_BURST": "40",
+    }
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert mounts["ca-bundle"] == "/etc/ssl/corporate" and mounts["proxy-config"] == "/etc/db-proxy"
     assert {"ca-bundle", "proxy-config"} <= {v["name"] for v in gateway["volumes"]}

@@ -71,7 +71,13 @@ def test_openapi_documents_every_route_its_headers_and_codes(served: RunningServ
         "pull_token"
         in pull["401"]["content"]["application/problem+json"]["schema"]["properties"]["error"]["enum"]
     )
-    assert set(pull) == {"200", "400", "401", "403", "413", "422", "500", "502", "503"}
+    assert set(pull) == {"200", "400", "401", "403", "413", "422", "429", "500", "502", "503"}
+    # GS-14: the 429 says when to come back; QE-06's refusal is documented with the other 400s
+    assert pull["429"]["headers"]["Retry-After"]["required"] is True
+    codes_503 = pull["503"]["content"]["application/problem+json"]["schema"]["properties"]["error"]["enum"]
+    assert "rate_limit_unavailable" in codes_503
+    codes_400 = query["responses"]["400"]["content"]["application/problem+json"]["schema"]["properties"]
+    assert "query_too_expensive" in codes_400["error"]["enum"]
     docs = httpx.get(f"{served.url}/docs")
     assert docs.status_code == 200 and "/openapi.json" in docs.text
 

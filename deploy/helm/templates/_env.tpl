@@ -90,11 +90,15 @@ Call: include "dataplane.env" (dict "root" $ "s" $s)
   value: {{ $v.gateway.queryStatementTimeoutMs | quote }}
 - name: EDR_ENABLED
   value: {{ $v.gateway.edrEnabled | quote }}
-{{- range $env, $key := dict "QUERY_MAX_SQL_CHARS" "queryMaxSqlChars" "QUERY_MAX_BODY_BYTES" "queryMaxBodyBytes" "DATASETS_POOL_MAX_SIZE" "datasetsPoolMaxSize" }}
+{{- range $env, $key := dict "QUERY_MAX_SQL_CHARS" "queryMaxSqlChars" "QUERY_MAX_BODY_BYTES" "queryMaxBodyBytes" "DATASETS_POOL_MAX_SIZE" "datasetsPoolMaxSize" "RATE_LIMIT_PER_SECOND" "rateLimitPerSecond" "RATE_LIMIT_BURST" "rateLimitBurst" }}
 {{- if hasKey $v.gateway $key }}
 - name: {{ $env }}
   value: {{ index $v.gateway $key | toString | quote }}
 {{- end }}
+{{- end }}
+{{- if hasKey $v.gateway "queryMaxPlanCost" }}
+- name: QUERY_MAX_PLAN_COST
+  value: {{ $v.gateway.queryMaxPlanCost | int64 | toString | quote }}
 {{- end }}
 {{- with $v.gateway.dsDecisionCache }}
 {{- if hasKey . "enabled" }}

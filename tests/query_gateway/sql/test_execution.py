@@ -193,3 +193,32 @@ async def test_pool_unreachable_is_database_unavailable() -> None:
         assert (err.value.status_code, err.value.code) == (503, "database_unavailable")
     finally:
         await pool.close()
+
+
+@pytest.mark.parametrize("session_defaults", [True, False])
+async def test_qe06_the_cost_guard_refuses_on_the_estimate_with_its_bound_values(
+    db: Db, session_defaults: bool
+) -> None:
+    """Both ways of running a page (the one-statement path and the transaction): the estimate of
+    the statement with its parameters bound; above the limit refused with the number only, below
+    it served; a limit of 0 asks for no estimate at all."""
+    cross = NarrowedQuery(
+        sql="SELECT a.x FROM generate_series(1, $1::int) a(x), generate_series(1, $1::int) b(y)",
+        params=(1_000_000,),
+        param_labels=("n",),
+        denied=False,
+    )
+    guarded = QueryExecutor(db.pool, 5000, session_defaults=session_defaults, max_plan_cost=1_000_000)
+    with pytest.raises(ServiceError) as err:
+        await guarded.run(cross, offset=0, limit=10, skip_count=True)
+    assert (err.value.status_code, err.value.code) == (400, "query_too_expensive")
+    assert (
+        err.value.detail.startswith("the query's estimated cost ")
+        and "generate_series" not in err.value.detail
+    )
+    small = NarrowedQuery(sql=cross.sql, params=(3,), param_labels=("n",), denied=False)
+    page = await guarded.run(small, offset=0, limit=100, skip_count=False)
+    assert (page.count, page.total) == (9, 9)
+    unguarded = QueryExecutor(db.pool, 5000, session_defaults=session_defaults)
+    page = await unguarded.run(cross, offset=0, limit=3, skip_count=True)
+    assert page.count == 3

@@ -80,6 +80,14 @@ def _column_spec(value: Any) -> Any:
     return {"name": value} if isinstance(value, str) else value
 
 
+class RateLimitSpec(ContractModel):
+    """A dataset's token bucket per consumer (docs/gateway.md, GS-14): `per_second` tokens added
+    each second, at most `burst` held; a read takes one."""
+
+    per_second: float = Field(gt=0, le=1_000_000)
+    burst: int = Field(ge=1, le=1_000_000)
+
+
 class RowPolicy(ContractModel):
     person: RowFilterSpec | None = None
     organization: RowFilterSpec | None = None
@@ -96,6 +104,11 @@ class DatasetEntry(ContractModel):
     columns: list[ColumnSpec] | None = Field(default=None, min_length=1)
     # the records API (docs/records.md): record key and range filters; None: no records route
     records: RecordsSpec | None = None
+    # the most rows one page of this dataset may carry, beside the global cap (QE-07); None: the
+    # global cap alone
+    max_rows: int | None = Field(default=None, ge=1)
+    # this dataset's bucket per consumer (GS-14); None: RATE_LIMIT_PER_SECOND/RATE_LIMIT_BURST
+    rate_limit: RateLimitSpec | None = None
 
     @field_validator("columns", mode="before")
     @classmethod

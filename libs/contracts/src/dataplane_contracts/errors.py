@@ -15,6 +15,7 @@ ErrorCode = Literal[
     "column_not_exposed",
     "query_timeout",
     "query_failed",
+    "query_too_expensive",
     "sql_too_long",
     "invalid_text",
     "body_too_large",
@@ -65,6 +66,8 @@ ErrorCode = Literal[
     "database_unavailable",
     "ds_not_configured",
     "not_ready",
+    "rate_limited",
+    "rate_limit_unavailable",
 ]
 
 ERROR_CODES: tuple[str, ...] = get_args(ErrorCode)
@@ -76,6 +79,7 @@ STATUS: dict[str, int] = {
     "column_not_exposed": 400,  # the same answer whether the column exists unexposed or not at all
     "query_timeout": 400,
     "query_failed": 400,
+    "query_too_expensive": 400,  # PostgreSQL's estimate of the plan is above QUERY_MAX_PLAN_COST
     "sql_too_long": 400,
     "invalid_text": 400,  # a lone surrogate or a NUL: text PostgreSQL cannot take
     "body_too_large": 413,
@@ -126,6 +130,8 @@ STATUS: dict[str, int] = {
     "database_unavailable": 503,
     "ds_not_configured": 503,
     "not_ready": 503,
+    "rate_limited": 429,  # the consumer's token bucket for a dataset is empty; Retry-After says when
+    "rate_limit_unavailable": 503,  # the limiter's store cannot be asked: refused, never served
 }
 
 assert set(STATUS) == set(ERROR_CODES), "every code has exactly one status"

@@ -26,6 +26,7 @@ _REASONS: dict[int, str] = {
     409: "conflicts with the resource's state",
     413: "the body is over the service's limit",
     422: "the body or a parameter does not validate",
+    429: "the consumer is over its rate; retry after `Retry-After` seconds",
     500: "a row filter cannot be applied as declared",
     502: "an upstream answered what cannot be read",
     503: "a dependency cannot be reached now; retry later",

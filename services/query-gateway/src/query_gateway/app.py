@@ -34,6 +34,7 @@ from query_gateway.metrics import REQUEST_DURATION
 from query_gateway.plan_client import PlanClient
 from query_gateway.pull import PullVerifier
 from query_gateway.pull import flows_pool as flows_pool_of
+from query_gateway.rate_limit import RateLimiter, default_limit
 from query_gateway.records.cursor import CursorCodec
 from query_gateway.records.routes import install_profile_errors, records_router
 from query_gateway.records.startup import records_declared
@@ -109,6 +110,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                 session_defaults=True,
                 acquire_timeout_s=settings.database_acquire_timeout_ms / 1000,
                 command_timeout_s=settings.database_command_timeout_s,
+                max_plan_cost=settings.query_max_plan_cost,
             ),
             plans=plans,
             oidc=OidcVerifier(
@@ -118,6 +120,11 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             disclosures=DisclosurePublisher(producer, settings.audit_publish_timeout_ms),
             pull=pull,
             mask_key=checked.mask_key,
+            limiter=RateLimiter(
+                redis,
+                settings.row_filters_cache_key_secret.get_secret_value().encode(),
+                default_limit(settings.rate_limit_per_second, settings.rate_limit_burst),
+            ),
         )
         watch_catalogue(app.state, pool, checked, stack)  # SIGHUP reloads it
 
@@ -137,7 +144,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         # docs/faults.md: required = the replica can serve nothing useful without it; a
         # capability's loss refuses only its requests (each with its code) and keeps the replica
         # in the Service. The datasets database serves every path; the broker every dataspace
-        # request (no disclosure, no answer); Redis only lookup-filter misses, flows only pulls
+        # request (no disclosure, no answer); Redis only lookup-filter misses and rate-limited reads
+        # (GS-14), flows only pulls
         checks: dict[str, ReadinessCheck] = {"datasets_db": db_ok}
         capabilities: dict[str, ReadinessCheck] = {"redis": redis_ok}
         dataspace = settings.edr_enabled or settings.dps_enabled

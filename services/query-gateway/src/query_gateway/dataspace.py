@@ -138,6 +138,9 @@ async def narrow_for_dataspace(
     if unoffered:
         ctx.touched = unoffered  # the record names only the offending datasets
         raise ServiceError("not_offered", f"Dataset not offered in the dataspace: {', '.join(unoffered)}")
+    # GS-14: the verified consumer's buckets, before ds is asked (a consumer over its rate costs
+    # the connector nothing)
+    await gw.admit("did", req.consumer, q.dataset_ids)
     envelope = await gw.connector.authorize(
         req.connector_base,
         AuthorizeRequest(

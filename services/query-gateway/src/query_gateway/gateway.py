@@ -25,6 +25,7 @@ from query_gateway.layers import LayerRequest, apply_pure
 from query_gateway.plan_client import PlanClient
 from query_gateway.policy import needs_caller
 from query_gateway.pull import PullVerifier
+from query_gateway.rate_limit import RateLimiter
 from query_gateway.settings import GatewaySettings
 from query_gateway.sql import (
     DEFAULT_LIMIT,
@@ -101,6 +102,7 @@ class Gateway:
     disclosures: DisclosurePublisher
     pull: PullVerifier | None = None
     mask_key: MaskKey | None = None  # COLUMN_MASK_KEY, for the catalogue's `hash` column masks
+    limiter: RateLimiter | None = None  # GS-14: the consumers' buckets (None: nothing limited)
     entries: dict[str, DatasetEntry] = field(default_factory=dict)
     # some dataset can be read without a bearer: else an anonymous request is refused 401 before
     # its statement is parsed (what the statement says is no business of an anonymous caller)
@@ -167,6 +169,17 @@ class Gateway:
         )
         return await self.plans.resolve(claim)
 
+    # ------------------------------------------------------------------ admission
+    async def admit(self, kind: str, consumer: str | None, dataset_ids: Sequence[str]) -> None:
+        """GS-14: one token from the consumer's bucket of every touched dataset, or the refusal."""
+        if self.limiter is not None:
+            await self.limiter.admit(kind, consumer, [self.entries[d] for d in dataset_ids])
+
+    def row_cap(self, dataset_ids: Sequence[str]) -> int | None:
+        """QE-07: the smallest `max_rows` of the touched datasets; None when none declares one."""
+        caps = [cap for d in dataset_ids if (cap := self.entries[d].max_rows) is not None]
+        return min(caps) if caps else None
+
     # ------------------------------------------------------------------ execution
     async def narrow(self, q: ValidatedQuery, plans: Mapping[str, Sequence[Plan]]) -> NarrowedQuery:
         """The rewrite and its verification (cached per shape), off the loop for a long text."""
@@ -184,7 +197,11 @@ class Gateway:
             log.debug("narrowed statement", shape=sql_shape(narrowed.sql), params=list(narrowed.param_labels))
         limit = body.limit if body.limit > 0 else DEFAULT_LIMIT
         return await self.executor.run(
-            narrowed, offset=max(0, body.offset), limit=limit, skip_count=body.skip_count
+            narrowed,
+            offset=max(0, body.offset),
+            limit=limit,
+            skip_count=body.skip_count,
+            max_rows=self.row_cap([d.dataset_id for d in narrowed.exposure]),
         )
 
 

@@ -37,6 +37,10 @@ async def plan_normal(
             check_policy(entry, caller)
         if caller is None or not caller.platform_admin:
             check_layers_declared(entry)
+    ctx.current = None
+    # GS-14: after the policy (a refused caller takes no token), before any plan is resolved
+    # (a token without `sub` is its client's); every anonymous caller shares one bucket
+    await gw.admit("sub", (caller.sub or caller.client_id) if caller is not None else None, q.dataset_ids)
     plans: dict[str, list[Plan]] = {}
     identity = caller.identity() if caller is not None else None
     for entry in entries:

@@ -19,7 +19,10 @@ class QueryPage(BaseModel):
 
     items: list[dict[str, Any]] = Field(description="the rows, each an object by column name")
     offset: int = Field(description="the offset applied (a negative one is read as 0)")
-    limit: int = Field(description="the limit applied: 100 for none or ≤ 0, at most 10 000")
+    limit: int = Field(
+        description="the limit applied: 100 for none or ≤ 0, at most 10 000, at most the smallest "
+        "`max_rows` of the touched datasets"
+    )
     count: int = Field(description="rows in this page")
     total: int | None = Field(description="rows of the whole answer; null with `skip_count`")
 
@@ -67,7 +70,8 @@ LIMIT_CLAMPED = {
     "X-Limit-Clamped": {
         "required": False,
         "description": "present when the page's `limit` is not the one asked for (QE-01: 0 or less "
-        "means 100, above 10 000 means 10 000): the `limit` the request asked for",
+        "means 100, above 10 000 means 10 000; QE-07: above a touched dataset's `max_rows` means "
+        "that): the `limit` the request asked for",
         "schema": {"type": "string"},
     }
 }
@@ -121,7 +125,18 @@ _STATEMENT = (
     "column_not_exposed",
 )
 _FILTERS = ("row_filter_invalid", "row_filter_unenforceable", "row_filter_unavailable", "row_policy_denied")
-_EXECUTION = ("query_timeout", "query_failed", "database_unavailable")
+_EXECUTION = ("query_timeout", "query_failed", "query_too_expensive", "database_unavailable")
+# GS-14: the consumer's bucket of a touched dataset, shared by every replica
+_LIMITS = ("rate_limited", "rate_limit_unavailable")
+RETRY_AFTER = {
+    429: {
+        "Retry-After": {
+            "required": True,
+            "description": "whole seconds until the consumer's bucket holds a token again",
+            "schema": {"type": "string"},
+        }
+    }
+}
 _NORMAL = ("invalid_token", "auth_required", "policy", "not_available")
 _DATASPACE = (
     "not_offered",
@@ -149,11 +164,13 @@ QUERY_RESPONSES = {
         *_NORMAL,
         "provider_not_served",  # EDR path: the token's issuer is a provider this plane does not serve
         *_DATASPACE,
+        *_LIMITS,
+        headers=RETRY_AFTER,
     ),
 }
 PLAN_RESPONSES = {
     **_ok(QueryPlan, "the narrowed statement, nothing executed", page=False),
-    **error_responses(*_BODY, *_STATEMENT, *_FILTERS, *_NORMAL),
+    **error_responses(*_BODY, *_STATEMENT, *_FILTERS, *_NORMAL, *_LIMITS, headers=RETRY_AFTER),
 }
 PULL_RESPONSES = {
     **_ok(QueryPage, "a page of the rows the data flow's agreement admits"),
@@ -168,6 +185,8 @@ PULL_RESPONSES = {
         "agreement_mismatch",
         "provider_not_served",
         *_DATASPACE,
+        *_LIMITS,
+        headers=RETRY_AFTER,
     ),
 }
 
@@ -180,7 +199,9 @@ class RecordsPage(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     items: list[dict[str, Any]] = Field(description="the records, each an object by column name")
-    limit: int = Field(description="the limit applied: 100 when absent, at most 1 000")
+    limit: int = Field(
+        description="the limit applied: 100 when absent, at most 1 000, at most the dataset's `max_rows`"
+    )
     has_more: bool = Field(description="whether records follow this page (of the filtered answer)")
     next_cursor: str | None = Field(
         description="opaque; the next page with the same filters, null at the end"
@@ -240,6 +261,8 @@ RECORDS_RESPONSES = _profile_status(
             *_PULL,
             "provider_not_served",
             *_DATASPACE,
+            *_LIMITS,
+            headers=RETRY_AFTER,
         ),
     }
 )

@@ -67,6 +67,16 @@ class GatewaySettings(
     # the per-deployment key of the catalogue's `hash` column masks (sql/exposure.py); required
     # at start-up when any dataset declares one. Changing it changes every pseudonym
     column_mask_key: SecretStr | None = None
+    # GS-14: every consumer's token bucket per dataset, where the catalogue names none for it
+    # (`rate_limit:`). 0 is the operator's choice of no default limit (a dataset's own still
+    # applies); it is never what an error turns the limiter into: a bucket that cannot be read
+    # refuses the request (503 rate_limit_unavailable)
+    rate_limit_per_second: float = Field(default=0, ge=0, le=1_000_000)
+    # the most tokens a bucket holds; 0 = one second's worth (at least 1)
+    rate_limit_burst: int = Field(default=0, ge=0, le=1_000_000)
+    # QE-06: PostgreSQL's estimated cost of a narrowed statement above which it is refused
+    # before it runs (400 query_too_expensive); 0 = no estimate asked (no extra round trip)
+    query_max_plan_cost: float = Field(default=0, ge=0)
     # the key that signs records cursors (docs/records.md); required at start-up on a DPS gateway
     # whose catalogue declares `records:`. Changing it invalidates every cursor handed out
     records_cursor_secret: SecretStr | None = None

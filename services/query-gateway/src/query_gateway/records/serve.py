@@ -99,9 +99,10 @@ async def records_page(
     granted = await narrow_for_dataspace(gw, q, req, ctx)
     key_types = [gw.columns[entry.table][k] for k in key]
     statement = _filtered(granted.narrowed, bounds, key, key_types, after)
-    page = await gw.executor.run(statement, offset=0, limit=query.limit + 1, skip_count=True)
-    rows = page.items[: query.limit]
-    has_more = len(page.items) > query.limit
+    limit = min(query.limit, entry.max_rows or query.limit)  # QE-07: the dataset's cap
+    page = await gw.executor.run(statement, offset=0, limit=limit + 1, skip_count=True)
+    rows = page.items[:limit]
+    has_more = len(page.items) > limit
     cursor = None
     if has_more:
         last = rows[-1]
@@ -111,7 +112,7 @@ async def records_page(
     items = [{k: v for k, v in row.items() if not k.startswith(_KEY_PREFIX)} for row in rows]
     await granted.disclose(gw, req, len(items))
     ctx.succeeded()
-    return {"items": items, "limit": query.limit, "has_more": has_more, "next_cursor": cursor}
+    return {"items": items, "limit": limit, "has_more": has_more, "next_cursor": cursor}
 
 
 def _filtered(

@@ -7,6 +7,7 @@ import contextlib
 from typing import Any
 
 import asyncpg
+import orjson
 
 from dataplane_service_kit.errors import ServiceError
 from dataplane_service_kit.logs import get_logger
@@ -129,8 +130,11 @@ class QueryExecutor:
         session_defaults: bool = False,
         acquire_timeout_s: float = DEFAULT_ACQUIRE_TIMEOUT_S,
         command_timeout_s: float | None = None,
+        max_plan_cost: float = 0,
     ) -> None:
         self._pool = pool
+        # QE-06: 0 asks for no estimate (no round trip added)
+        self._max_cost = max_plan_cost
         self._timeout_ms = int(statement_timeout_ms)
         self._acquire_s = acquire_timeout_s
         command = (
@@ -147,9 +151,13 @@ class QueryExecutor:
             f"SET LOCAL statement_timeout = {self._timeout_ms}"
         )
 
-    async def run(self, q: NarrowedQuery, *, offset: int, limit: int, skip_count: bool) -> QueryPage:
+    async def run(
+        self, q: NarrowedQuery, *, offset: int, limit: int, skip_count: bool, max_rows: int | None = None
+    ) -> QueryPage:
+        """`max_rows`: the touched datasets' own cap (QE-07), applied as the global one is."""
         check_text(q.sql)  # the gateway refused such a statement already; this executor never sends one
-        offset, limit = clamp_page(offset, limit, self._max_limit)
+        cap = self._max_limit if max_rows is None else min(self._max_limit, max_rows)
+        offset, limit = clamp_page(offset, limit, cap)
         sqls = page_and_count(q.sql, len(q.params), q.denied, q.order_by)
         args = (*q.params, limit, offset)
         total: int | None = None
@@ -157,18 +165,22 @@ class QueryExecutor:
         try:
             async with asyncio.timeout(self.bound_s), self._pool.acquire(timeout=self._acquire_s) as conn:
                 if not self._one_statement:
-                    total, rows = await self._in_transaction(conn, sqls, q.params, args, skip_count)
-                elif skip_count:
-                    rows = await conn.fetch(sqls.page, *args)
+                    total, rows = await self._in_transaction(conn, sqls, q, args, skip_count, guard=True)
                 else:
-                    rows = await conn.fetch(sqls.counted_page, *args)
-                    counted = bool(rows)
-                    if rows:
-                        total = int(rows[0][-1])
-                    elif offset == 0:
-                        total = 0
+                    await self._guard(conn, q)  # in the session's read-only default, before any row
+                    if skip_count:
+                        rows = await conn.fetch(sqls.page, *args)
                     else:
-                        total, rows = await self._in_transaction(conn, sqls, q.params, args, False)
+                        rows = await conn.fetch(sqls.counted_page, *args)
+                        counted = bool(rows)
+                        if rows:
+                            total = int(rows[0][-1])
+                        elif offset == 0:
+                            total = 0
+                        else:
+                            total, rows = await self._in_transaction(conn, sqls, q, args, False)
+        except ServiceError:
+            raise  # the cost guard's refusal (QE-06), as it is
         except asyncpg.QueryCanceledError as err:
             if "statement timeout" in str(err):
                 raise ServiceError("query_timeout", "Query exceeded time limit") from None
@@ -198,21 +210,42 @@ class QueryExecutor:
         items = page_items(rows, drop_last=counted)
         return QueryPage(items=items, offset=offset, limit=limit, count=len(items), total=total)
 
+    async def _guard(self, conn: Any, q: NarrowedQuery) -> None:
+        """QE-06: PostgreSQL's estimate of the narrowed statement (EXPLAIN, never ANALYZE: nothing
+        runs), refused above QUERY_MAX_PLAN_COST. The whole statement's estimate, not the page's:
+        a LIMIT hides the cost of what it must read first (a sort, a window over every row)."""
+        if not self._max_cost:
+            return
+        plan = await conn.fetchval(f"EXPLAIN (FORMAT JSON) {q.sql}", *q.params)
+        cost = float((orjson.loads(plan) if isinstance(plan, str | bytes) else plan)[0]["Plan"]["Total Cost"])
+        if cost > self._max_cost:
+            # the estimate alone: the plan's text names tables, indexes and bound values
+            log.info("query_too_expensive", cost=round(cost))
+            raise ServiceError(
+                "query_too_expensive",
+                f"the query's estimated cost {cost:.0f} is above the limit {self._max_cost:.0f}",
+            )
+
     async def _in_transaction(
         self,
         conn: Any,
         sqls: PageQueries,
-        params: tuple[object, ...],
+        q: NarrowedQuery,
         args: tuple[object, ...],
         skip_count: bool,
+        *,
+        guard: bool = False,
     ) -> tuple[int | None, list[asyncpg.Record]]:
         """Count and page in one snapshot, read-only; the timeout dies with the transaction.
-        BEGIN and SET LOCAL travel as one simple query: one round trip, not two."""
+        BEGIN and SET LOCAL travel as one simple query: one round trip, not two. `guard`: the
+        cost guard first, inside the transaction (the fast path ran it already otherwise)."""
         total: int | None = None
         try:
             await conn.execute(self._begin)
+            if guard:
+                await self._guard(conn, q)
             if not skip_count:
-                total = int(await conn.fetchval(sqls.count, *params))
+                total = int(await conn.fetchval(sqls.count, *q.params))
             rows: list[asyncpg.Record] = await conn.fetch(sqls.page, *args)
         except BaseException:
             await _rollback(conn)

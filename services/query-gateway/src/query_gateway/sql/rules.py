@@ -56,6 +56,28 @@ FUNCTION_ALLOWLIST = frozenset(
     }
 )
 
+# QE-08: functions that generate rows (or text) without a bound a statement can see; refused by
+# name even if someone allowlisted one of them (sqlglot's own names among them)
+UNBOUNDED_GENERATORS = frozenset(
+    {
+        "generate_series",
+        "exploding_generate_series",
+        "generate_subscripts",
+        "unnest",
+        "explode",
+        "posexplode",
+        "repeat",
+        "lpad",
+        "rpad",
+        "pad",
+        "regexp_split_to_table",
+        "string_to_table",
+        "json_array_elements",
+        "jsonb_array_elements",
+    }
+)
+assert not UNBOUNDED_GENERATORS & FUNCTION_ALLOWLIST, "QE-08: an unbounded generator is never allowlisted"
+
 # sqlglot names some allowlisted functions after another dialect's spelling
 _CLASS_ALIASES: tuple[type[exp.Expr], ...] = (
     exp.TimestampTrunc,  # date_trunc
@@ -148,11 +170,26 @@ TABLE_ARGS = frozenset({"this", "db", "catalog", "alias"})
 
 
 def function_allowed(node: exp.Func) -> bool:
+    if unbounded_generator(node):
+        return False
     if isinstance(node, exp.Anonymous):
         return str(node.this).lower() in FUNCTION_ALLOWLIST
     if isinstance(node, _CLASS_ALIASES):
         return True
     return any(name.lower() in FUNCTION_ALLOWLIST for name in node.sql_names())
+
+
+# sqlglot's names of PostgreSQL's generators, spelled back as the statement wrote them
+_PG_SPELLING = {"EXPLODING_GENERATE_SERIES": "GENERATE_SERIES", "EXPLODE": "UNNEST", "PAD": "LPAD/RPAD"}
+
+
+def postgres_name(name: str) -> str:
+    return _PG_SPELLING.get(name.upper(), name.upper())
+
+
+def unbounded_generator(node: exp.Func) -> bool:
+    names = [str(node.this)] if isinstance(node, exp.Anonymous) else node.sql_names()
+    return any(name.lower() in UNBOUNDED_GENERATORS for name in names)
 
 
 def depth_of(root: exp.Expr) -> int:

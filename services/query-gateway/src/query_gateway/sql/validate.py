@@ -178,6 +178,10 @@ def _check_node(node: exp.Expr) -> None:
         if rules.function_allowed(node):
             return
         fname = str(node.this) if isinstance(node, exp.Anonymous) else node.sql_names()[0]
+        if rules.unbounded_generator(node):
+            raise _refuse(
+                f"Set-returning function not allowed (unbounded rows): {rules.postgres_name(fname)}"
+            )
         raise _refuse(f"SQL function not allowed: {fname.upper()}")
     raise _refuse(f"Unsupported SQL construct: {name}")
 
