@@ -8,9 +8,9 @@ import time
 import uuid
 
 import pytest
-from e2e_support import System
 
 from dataplane_local.demo import DEMO_AGREEMENT
+from dataplane_testing.e2e import System
 
 QUERIES = 6
 

@@ -17,11 +17,11 @@ from pathlib import Path
 import asyncpg
 import httpx
 import pytest
-from e2e_support import System
 
 from dataplane_local.demo import DEMO_AGREEMENT
 from dataplane_local.procs import paused
 from dataplane_local.timeouts import scaled
+from dataplane_testing.e2e import System
 
 pytestmark = pytest.mark.e2e
 

@@ -13,7 +13,6 @@ from typing import Any
 import httpx
 import jwt
 import pytest
-from e2e_support import System
 
 from dataplane_local.demo import (
     DEMO_AGREEMENT,
@@ -27,6 +26,7 @@ from dataplane_local.demo import (
     signal,
 )
 from dataplane_local.doubles.did_web import DidIdentity, DidWebHost, start_did_web_host
+from dataplane_testing.e2e import System
 
 pytestmark = pytest.mark.e2e
 

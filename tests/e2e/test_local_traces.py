@@ -10,9 +10,9 @@ import time
 import uuid
 
 import pytest
-from e2e_support import System, fresh_principals, local_cli, new_traceparent, rec_registry_verdict
 
 from dataplane_local.demo import Wire, control_plane_token, pull, start_pull_flow
+from dataplane_testing.e2e import System, fresh_principals, local_cli, new_traceparent, rec_registry_verdict
 
 pytestmark = pytest.mark.e2e
 

@@ -14,21 +14,24 @@ from typing import Any
 
 import httpx
 import pytest
-from filter_resolver_processes import ResolverProcess, make_topics, module_topics, start_resolver
-from filter_resolver_support import SECRET, eventually
+
+from dataplane_testing.polling import eventually
+from dataplane_testing.processes import ServiceProcess
+from dataplane_testing.resolver import SECRET, module_topics, start_resolver
+from dataplane_testing.topics import make_topics
 
 pytestmark = pytest.mark.e2e
 
 UNREADY_KAFKA = {"status": "unready", "error": "not_ready", "failing": ["kafka"]}
 
 
-async def _readyz(resolver: ResolverProcess) -> tuple[int, Any]:
+async def _readyz(resolver: ServiceProcess) -> tuple[int, Any]:
     async with httpx.AsyncClient() as client:
         response = await client.get(resolver.url + "/readyz", timeout=5)
     return response.status_code, response.json()
 
 
-def _assignments(resolver: ResolverProcess) -> list[list[int]]:
+def _assignments(resolver: ServiceProcess) -> list[list[int]]:
     """Every `partitions_assigned` the member logged: one per completed join of the group."""
     out: list[list[int]] = []
     for line in resolver.stderr().splitlines():

@@ -15,21 +15,25 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from filter_resolver_processes import PARTITIONS, gateway, make_topics, module_topics, start_resolver
-from filter_resolver_support import (
-    CLIENT_ID,
-    CLIENT_SECRET,
-    SECRET,
-    claim,
-    eventually,
-    person,
-    put_claim,
-    read_plan,
-)
 from redis.asyncio import Redis
 
 from dataplane_contracts.events import PlanResolved
 from dataplane_local.infra import start_kafka
+from dataplane_testing.polling import eventually
+from dataplane_testing.resolver import (
+    CLIENT_ID,
+    CLIENT_SECRET,
+    PARTITIONS,
+    SECRET,
+    claim,
+    gateway,
+    module_topics,
+    person,
+    put_claim,
+    read_plan,
+    start_resolver,
+)
+from dataplane_testing.topics import make_topics
 from filter_resolver.settings import GROUP_ID
 
 pytestmark = pytest.mark.e2e

@@ -4,10 +4,8 @@ real HTTP servers, the session broker with every topic, and the gateway app in-p
 from __future__ import annotations
 
 import os
-import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import asyncpg
 import httpx
@@ -20,17 +18,13 @@ from dataplane_local.doubles.oidc import JWKS_PATH, OidcIssuer, start_oidc_issue
 from dataplane_local.doubles.server import RunningServer, serve_in_thread
 from dataplane_service_kit.logs import configure_logging
 from dataplane_service_kit.topics_cli import create_topics
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from gateway_support import (
+from dataplane_testing.gateway import (
     CLIENT_ID,
     CLIENT_SECRET,
     PUBLIC_PEM,
     PULL_GRANTS_DDL,
     SEED,
     FakeResolver,
-    TopicTail,
     World,
     ds_policy,
     extended_catalogue,
@@ -39,7 +33,8 @@ from gateway_support import (
     running_gateway,
     scratch_database,
 )
-from records_support import RecordsWorld, records_world
+from dataplane_testing.records import RecordsWorld, records_world
+from dataplane_testing.topics import TopicTail
 
 
 @pytest.fixture(scope="session")
@@ -165,7 +160,7 @@ async def pull_client(world: World, flows_url: str) -> AsyncIterator[httpx.Async
 async def rw(
     world: World, postgres_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[RecordsWorld]:
-    """The records API's world (records_support): signaling and a DPS gateway over one flows
+    """The records API's world (dataplane_testing.records): signaling and a DPS gateway over one flows
     database, a datasets database of transactions."""
     async with records_world(world, postgres_url, tmp_path_factory.mktemp("records")) as running:
         yield running

@@ -5,8 +5,6 @@ double, a control-plane double, the app driven in-process, and real `signaling` 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import sys
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -24,13 +22,7 @@ from dataplane_local.doubles.oidc import OidcIssuer, start_oidc_issuer
 from dataplane_local.infra import free_port
 from dataplane_service_kit.logs import configure_logging
 from dataplane_service_kit.topics_cli import create_topics
-
-# tests import their helpers as `signaling_support` (--import-mode=importlib puts no test dir on sys.path)
-_spec = importlib.util.spec_from_file_location("signaling_support", Path(__file__).with_name("support.py"))
-assert _spec is not None and _spec.loader is not None
-support = importlib.util.module_from_spec(_spec)
-sys.modules["signaling_support"] = support
-_spec.loader.exec_module(support)
+from dataplane_testing import signaling as support
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -163,9 +155,9 @@ def spawn_signaling() -> Iterator[Callable[..., Awaitable[Any]]]:
         p = support.launch(values, port, logdir / f"signaling-{port}.log")
         procs.append(p)
         if wait:
-            await support.wait_ready(p)
+            await p.wait_ready()
         return p
 
     yield spawn
     for p in procs:
-        p.terminate()
+        p.stop()

@@ -19,10 +19,10 @@ import httpx
 import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
-from signaling_support import FLOWS, auth, new_id, run_app, sql, start_message
 
 from dataplane_local.doubles.did_web import DidIdentity, DidWebHost, start_did_web_host
 from dataplane_service_kit.errors import ServiceError
+from dataplane_testing.signaling import FLOWS, auth, new_id, run_app, sql, start_message
 from query_gateway.pull import PullVerifier, VerifiedPull
 from signaling.tokens import public_key_pem
 

@@ -1,6 +1,6 @@
 # ruff: noqa: E501 - SQL test data reads best on one line
-"""Column exposure's model (issue 15), shared by the SQL-pipeline tests (sql/test_column_exposure.py)
-and the HTTP ones (../test_column_exposure_http.py): two datasets over sqlgw_support's tables —
+"""Column exposure's model (issue 15), shared by the SQL-pipeline tests (query_gateway/sql/test_column_exposure.py)
+and the HTTP ones (query_gateway/test_column_exposure_http.py): two datasets over `sqlgw`'s tables —
 `narrow.readings` exposing 2 of the 4 columns of public.readings while its row filters read the
 other two, and `masked.sites` masking two columns of energy."Sites" — database B holding only
 the exposed columns of the permitted rows, and a statement per position a column can be reached
@@ -16,7 +16,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
-from sqlgw_support import SITES, Permit
+
+from .sqlgw import SITES, Permit
 
 MASK_KEY = "column-mask-key-for-tests-0123456789"
 
