@@ -21,6 +21,7 @@ from dataplane_local.demo import DEMO_AGREEMENT, DEMO_CONSUMER, StackInfo
 from dataplane_local.stack import DEPLOY_LOCAL, Stack
 from dataplane_local.traces import StoredSpans
 
+from .polling import eventually
 from .topics import partitions_of
 
 # alice owns meters on these pods in deploy/local/rec-registry.yaml (the resolver's lookup answer)
@@ -117,6 +118,19 @@ class System:
             for c in r.json()
             if isinstance(c.get("body"), dict) and 200 <= c["status"] < 300 and c["body"].get("transfer_id")
         }
+
+    async def delivered(self, transfers: set[str], timeout: float = 60.0) -> set[str]:
+        """Which of these transfers' disclosures ds has accepted, once all of them are or the
+        (scaled) timeout has passed."""
+        got: set[str] = set()
+
+        async def all_delivered() -> bool:
+            nonlocal got
+            got = await self.audit_transfer_ids() & transfers
+            return got == transfers
+
+        await eventually(all_delivered, timeout, 0.25)
+        return got
 
     # ------------------------------------------------------------------------------ broker
     async def end_offset(self, topic: str) -> int:

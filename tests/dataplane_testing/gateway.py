@@ -150,27 +150,6 @@ PULL_GRANTS_DDL = (
 )
 
 
-@contextlib.asynccontextmanager
-async def scratch_database(postgres_url: str, schema: str) -> AsyncIterator[str]:
-    """A database of its own on the session's server, created with `schema`, dropped after."""
-    name = f"scratch_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(postgres_url)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    await admin.close()
-    url = f"{postgres_url.rpartition('/')[0]}/{name}"
-    try:
-        conn = await asyncpg.connect(url)
-        try:
-            await conn.execute(schema)
-        finally:
-            await conn.close()
-        yield url
-    finally:
-        admin = await asyncpg.connect(postgres_url)
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
-
-
 async def edr_query(
     client: httpx.AsyncClient, world: World, sql: str, token: str | None = None, **headers: str
 ) -> httpx.Response:

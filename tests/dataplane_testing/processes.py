@@ -39,10 +39,6 @@ class ServiceProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    @property
-    def http_url(self) -> str:
-        return self.url
-
     def start(self, port: int | None = None) -> ServiceProcess:
         self.port = port or free_port()
         env = {**self.env, "HTTP_HOST": "127.0.0.1", "HTTP_PORT": str(self.port)}

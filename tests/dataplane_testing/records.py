@@ -19,10 +19,9 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from dataplane_contracts.dps import DEFAULT_PULL_GRANT_ROLE
-
 from . import signaling as signaling_support
-from .gateway import AGREEMENT, CONSUMER, PROVIDER, World, ds_policy, running_gateway, scratch_database
+from .databases import create_database, drop_database, scratch_database
+from .gateway import AGREEMENT, CONSUMER, PROVIDER, World, ds_policy, running_gateway
 
 CATALOGUE = Path(__file__).parents[1] / "query_gateway" / "records_catalogue.yaml"
 CURSOR_SECRET = "records-cursor-secret-0123456789abcdef"
@@ -145,15 +144,8 @@ def _public_pem(key: ec.EllipticCurvePrivateKey) -> str:
 
 
 async def _migrated_flows(postgres_url: str) -> str:
-    await signaling_support.sql(
-        postgres_url,
-        f"DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{DEFAULT_PULL_GRANT_ROLE}') THEN "
-        f"CREATE ROLE {DEFAULT_PULL_GRANT_ROLE} NOLOGIN; END IF; "
-        "EXCEPTION WHEN duplicate_object THEN NULL; END $$",
-    )
-    name = f"records_flows_{uuid.uuid4().hex[:10]}"
-    await signaling_support.sql(postgres_url, f'CREATE DATABASE "{name}"')
-    url = postgres_url.rpartition("/")[0] + f"/{name}"
+    await signaling_support.ensure_pull_grant_role(postgres_url)
+    url = await create_database(postgres_url, "records_flows_")
     done = signaling_support.run_migrate(url, "upgrade", "head")
     assert done.returncode == 0, done.stderr
     return url
@@ -189,8 +181,7 @@ async def records_world(world: World, postgres_url: str, directory: Path) -> Asy
                     gw, sig.client, flows_url, sig_catalogue, cp_token, datasets_url, _public_pem(key)
                 )
     finally:
-        name = flows_url.rpartition("/")[2]
-        await signaling_support.sql(postgres_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await drop_database(postgres_url, flows_url)
 
 
 def keys_of(response: httpx.Response) -> list[int]:

@@ -263,6 +263,20 @@ def module_topics(suffix: str) -> tuple[list[TopicSpec], str, str]:
     return specs, req, rep
 
 
+def resolver_env(bootstrap: str, redis_url: str, request_topic: str, **more: str) -> dict[str, str]:
+    """A resolver process's settings on this broker, Redis and request topic; `more` adds
+    variables (REC_REGISTRY_URL=…)."""
+    return {
+        "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+        "KAFKA_FETCH_MAX_WAIT_MS": "10",
+        "KAFKA_ENABLE_IDEMPOTENCE": "false",
+        "REDIS_URL": redis_url,
+        "ROW_FILTERS_CACHE_KEY_SECRET": SECRET,
+        "PLAN_REQUESTS_TOPIC": request_topic,
+        **more,
+    }
+
+
 def start_resolver(env: dict[str, str], workdir: Path, name: str) -> ServiceProcess:
     """A `filter-resolver` process (its log lines on stderr, in `workdir/NAME.stderr`)."""
     script = Path(sys.executable).with_name("filter-resolver")

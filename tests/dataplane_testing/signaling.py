@@ -21,11 +21,13 @@ from aiokafka import ConsumerRecord
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
+from dataplane_contracts.dps import DEFAULT_PULL_GRANT_ROLE
 from dataplane_contracts.topics import FLOW_EVENTS
 from dataplane_local.timeouts import scaled
 from signaling.app import create_app
 from signaling.settings import Settings
 
+from .databases import admin
 from .processes import ServiceProcess
 from .topics import assigned, follow
 
@@ -129,6 +131,20 @@ async def run_app(values: dict[str, Any]) -> AsyncIterator[Running]:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://signaling") as client:
             yield Running(client, settings)
+
+
+async def ensure_pull_grant_role(server_url: str) -> str:
+    """The role the pull-grant view is granted to, created once per server (roles are
+    cluster-wide), idempotently as the operator would; its name."""
+    await admin(
+        server_url,
+        f"""DO $$ BEGIN
+              IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{DEFAULT_PULL_GRANT_ROLE}') THEN
+                CREATE ROLE {DEFAULT_PULL_GRANT_ROLE} NOLOGIN;
+              END IF;
+            EXCEPTION WHEN duplicate_object THEN NULL; END $$""",
+    )
+    return DEFAULT_PULL_GRANT_ROLE
 
 
 async def sql(url: str, query: str, *args: Any) -> list[asyncpg.Record]:

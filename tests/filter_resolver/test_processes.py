@@ -24,7 +24,6 @@ from dataplane_testing.resolver import (
     CLIENT_ID,
     CLIENT_SECRET,
     PARTITIONS,
-    SECRET,
     Gateway,
     claim,
     gateway,
@@ -33,6 +32,7 @@ from dataplane_testing.resolver import (
     put_claim,
     read_plan,
     render,
+    resolver_env,
     service_account,
     start_resolver,
 )
@@ -60,20 +60,17 @@ async def stack(
     specs, request_topic, reply_topic = module_topics(suffix)
     await make_topics(kafka_bootstrap, specs)
     workdir: Path = tmp_path_factory.mktemp("resolvers")
-    env = {
-        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-        "KAFKA_FETCH_MAX_WAIT_MS": "10",
-        "KAFKA_ENABLE_IDEMPOTENCE": "false",
-        "REDIS_URL": redis_server_url,
-        "ROW_FILTERS_CACHE_KEY_SECRET": SECRET,
-        "CELINE_OIDC_BASE_URL": doubles.issuer.base_url,
-        "CELINE_OIDC_CLIENT_ID": CLIENT_ID,
-        "CELINE_OIDC_CLIENT_SECRET": CLIENT_SECRET,
-        "REC_REGISTRY_URL": doubles.registry_url,
-        "PLAN_REQUESTS_TOPIC": request_topic,
-        "RESOLVER_RETRY_BASE_MS": "5",
-        "LOG_LEVEL": "DEBUG",
-    }
+    env = resolver_env(
+        kafka_bootstrap,
+        redis_server_url,
+        request_topic,
+        CELINE_OIDC_BASE_URL=doubles.issuer.base_url,
+        CELINE_OIDC_CLIENT_ID=CLIENT_ID,
+        CELINE_OIDC_CLIENT_SECRET=CLIENT_SECRET,
+        REC_REGISTRY_URL=doubles.registry_url,
+        RESOLVER_RETRY_BASE_MS="5",
+        LOG_LEVEL="DEBUG",
+    )
     resolvers = [start_resolver(env, workdir, f"resolver-{i}") for i in range(2)]
     redis = Redis.from_url(redis_server_url)
     try:

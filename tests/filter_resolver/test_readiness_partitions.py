@@ -17,7 +17,7 @@ import pytest
 
 from dataplane_testing.polling import eventually
 from dataplane_testing.processes import ServiceProcess
-from dataplane_testing.resolver import SECRET, module_topics, start_resolver
+from dataplane_testing.resolver import module_topics, resolver_env, start_resolver
 from dataplane_testing.topics import make_topics
 
 pytestmark = pytest.mark.e2e
@@ -52,15 +52,9 @@ async def test_a_member_without_partitions_is_unready_while_the_holder_is_ready(
     # one partition for two members: one of them is in the group but holds nothing
     specs = [dataclasses.replace(s, partitions=1) if s.name == request_topic else s for s in specs]
     await make_topics(kafka_bootstrap, specs)
-    env = {
-        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-        "KAFKA_FETCH_MAX_WAIT_MS": "10",
-        "KAFKA_ENABLE_IDEMPOTENCE": "false",
-        "REDIS_URL": redis_server_url,
-        "ROW_FILTERS_CACHE_KEY_SECRET": SECRET,
-        "PLAN_REQUESTS_TOPIC": request_topic,
-        "RESOLVER_GROUP_ID": f"test-readiness-{suffix}",
-    }
+    env = resolver_env(
+        kafka_bootstrap, redis_server_url, request_topic, RESOLVER_GROUP_ID=f"test-readiness-{suffix}"
+    )
     resolvers = [start_resolver(env, tmp_path, f"resolver-{i}") for i in range(2)]
     try:
 

@@ -24,13 +24,13 @@ from dataplane_testing.resolver import (
     CLIENT_ID,
     CLIENT_SECRET,
     PARTITIONS,
-    SECRET,
     claim,
     gateway,
     module_topics,
     person,
     put_claim,
     read_plan,
+    resolver_env,
     start_resolver,
 )
 from dataplane_testing.topics import make_topics
@@ -59,18 +59,15 @@ async def test_reply_that_could_not_be_published_is_not_committed_and_is_answere
     try:
         await make_topics(broker.url, specs)
         resolver = start_resolver(
-            {
-                "KAFKA_BOOTSTRAP_SERVERS": broker.url,
-                "KAFKA_FETCH_MAX_WAIT_MS": "10",
-                "KAFKA_ENABLE_IDEMPOTENCE": "false",
-                "REDIS_URL": redis_url,
-                "ROW_FILTERS_CACHE_KEY_SECRET": SECRET,
-                "CELINE_OIDC_BASE_URL": fresh_doubles.issuer.base_url,
-                "CELINE_OIDC_CLIENT_ID": CLIENT_ID,
-                "CELINE_OIDC_CLIENT_SECRET": CLIENT_SECRET,
-                "PLAN_REQUESTS_TOPIC": request_topic,
-                "RESOLVER_RETRY_BASE_MS": "5",
-            },
+            resolver_env(
+                broker.url,
+                redis_url,
+                request_topic,
+                CELINE_OIDC_BASE_URL=fresh_doubles.issuer.base_url,
+                CELINE_OIDC_CLIENT_ID=CLIENT_ID,
+                CELINE_OIDC_CLIENT_SECRET=CLIENT_SECRET,
+                RESOLVER_RETRY_BASE_MS="5",
+            ),
             tmp_path,
             "resolver",
         )

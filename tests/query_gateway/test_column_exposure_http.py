@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from dataplane_local.doubles.ds_connector import DsConnectorDouble
+from dataplane_testing.databases import scratch_database
 from dataplane_testing.exposure import (
     DATASETS,
     EXPOSED,
@@ -32,7 +33,7 @@ from dataplane_testing.exposure import (
     load_exposed,
     masked_sites,
 )
-from dataplane_testing.gateway import AGREEMENT, World, ds_policy, running_gateway, scratch_database
+from dataplane_testing.gateway import AGREEMENT, World, ds_policy, running_gateway
 from dataplane_testing.sqlgw import SCHEMA_A, Permit, multiset, seed
 from query_gateway.sql.references import NOT_EXPOSED
 

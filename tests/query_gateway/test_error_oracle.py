@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 from dataplane_local.doubles.ds_connector import DsConnectorDouble
+from dataplane_testing.databases import scratch_database
 from dataplane_testing.gateway import (
     AGREEMENT,
     PUBLIC_PEM,
@@ -36,7 +37,6 @@ from dataplane_testing.gateway import (
     ds_policy,
     pull_token,
     running_gateway,
-    scratch_database,
     started_grant,
 )
 

@@ -35,17 +35,9 @@ from dataplane_local.doubles.ds_connector import DsConnectorDouble
 from dataplane_local.procs import paused
 from dataplane_local.timeouts import scaled
 from dataplane_service_kit.topics_cli import create_topics
+from dataplane_testing.databases import scratch_database
 from dataplane_testing.faults import PipeProxy, TcpProxy, coded, raw_client
-from dataplane_testing.gateway import (
-    AGREEMENT,
-    PUBLIC_PEM,
-    SEED,
-    World,
-    ds_policy,
-    grant,
-    pull_token,
-    scratch_database,
-)
+from dataplane_testing.gateway import AGREEMENT, PUBLIC_PEM, SEED, World, ds_policy, grant, pull_token
 from dataplane_testing.polling import wait_for
 from query_gateway.app import create_app
 from query_gateway.settings import GatewaySettings
