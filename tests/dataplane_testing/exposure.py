@@ -1,6 +1,7 @@
 # ruff: noqa: E501 - SQL test data reads best on one line
-"""Column exposure's model (issue 15), shared by the SQL-pipeline tests (query_gateway/sql/test_column_exposure.py)
-and the HTTP ones (query_gateway/test_column_exposure_http.py): two datasets over `sqlgw`'s tables —
+"""Column exposure's model (issue 15), shared by the SQL-pipeline tests
+(query_gateway/sql/test_column_exposure.py) and the HTTP ones
+(query_gateway/test_column_exposure_http.py): two datasets over `sqlgw`'s tables —
 `narrow.readings` exposing 2 of the 4 columns of public.readings while its row filters read the
 other two, and `masked.sites` masking two columns of energy."Sites" — database B holding only
 the exposed columns of the permitted rows, and a statement per position a column can be reached

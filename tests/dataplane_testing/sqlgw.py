@@ -1,8 +1,9 @@
 # ruff: noqa: E501 - SQL test data reads best on one line
 """Shared data and helpers of the SQL-layer tests: three small tables (one in another schema, its
 name in mixed case), their catalogue, plan builders, and a handle on a seeded database. Also the
-differential oracle's model, shared by the oracle over the SQL pipeline (sql/test_oracle.py) and
-the one over the gateway's HTTP route (test_oracle_http.py): the statements it generates, the
+differential oracle's model, shared by the oracle over the SQL pipeline
+(query_gateway/sql/test_oracle.py) and the one over the gateway's HTTP route
+(query_gateway/test_oracle_http.py): the statements it generates, the
 allow-lists of a request (`Permit`) with the rows they permit, and database B holding only those."""
 
 from __future__ import annotations
