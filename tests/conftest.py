@@ -16,13 +16,14 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
-import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
 from dataplane_local import infra
+from dataplane_local.doubles.did_web import DidWebHost, start_did_web_host
 from dataplane_local.stack import PORTS_ENV
 from dataplane_local.timeouts import timeout_factor
+from dataplane_testing.databases import create_database, drop_database
 
 SERVICE_MODES: dict[str, str] = {}
 
@@ -162,19 +163,9 @@ def kafka_bootstrap(infra_workdir: Path, docker_ok: bool) -> Iterator[str]:
 @pytest.fixture
 async def fresh_database(postgres_url: str) -> AsyncIterator[str]:
     """A new, empty database on the session server for one test; dropped afterwards."""
-    name = f"t_{uuid.uuid4().hex[:16]}"
-    admin = await asyncpg.connect(postgres_url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    base, _, _ = postgres_url.rpartition("/")
-    yield f"{base}/{name}"
-    admin = await asyncpg.connect(postgres_url)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
+    url = await create_database(postgres_url)
+    yield url
+    await drop_database(postgres_url, url)
 
 
 _redis_db_counter = iter(range(1, 16))
@@ -193,6 +184,14 @@ async def redis_url(redis_server_url: str) -> AsyncIterator[str]:
     await client.flushdb()
     await client.aclose()
     yield url
+
+
+@pytest.fixture
+def did_host() -> Iterator[DidWebHost]:
+    """A did:web host double (did documents over plain HTTP) for one test."""
+    host, server = start_did_web_host()
+    yield host
+    server.stop()
 
 
 @pytest.fixture

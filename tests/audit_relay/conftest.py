@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
-import sys
 import tempfile
 import tracemalloc  # noqa: F401 - see below
 import uuid
@@ -18,16 +16,10 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from dataplane_local.doubles.oidc import start_oidc_issuer
+from dataplane_testing import audit_relay as h
 
 # Imported eagerly: a ResourceWarning collected while pytest lazily imports tracemalloc (to
 # describe it) crashes pytest's unraisable hook with a circular-import error.
-
-# tests import their helpers as `audit_relay_harness` (--import-mode=importlib puts no test dir on sys.path)
-_spec = importlib.util.spec_from_file_location("audit_relay_harness", Path(__file__).with_name("harness.py"))
-assert _spec is not None and _spec.loader is not None
-h = importlib.util.module_from_spec(_spec)
-sys.modules["audit_relay_harness"] = h
-_spec.loader.exec_module(h)
 
 
 @pytest.fixture(scope="session")
@@ -52,7 +44,7 @@ async def harness(kafka_bootstrap: str, producer: AIOKafkaProducer) -> AsyncIter
         kafka_bootstrap, topic, dlq_topic, f"relay-{suffix}", issuer, urls, default_url=default.server.url
     )
     workdir = Path(tempfile.mkdtemp(prefix="audit-relay-"))
-    relay = h.RelayProcess(env, workdir / "relay.log")
+    relay = h.relay_process(env, workdir / "relay.log")
     harness = h.Harness(
         kafka_bootstrap, topic, dlq_topic, a, b, issuer, issuer_server, relay, producer, default
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-import audit_relay_harness as h
+from dataplane_testing import audit_relay as h
 
 
 async def _readyz_failing(harness: h.Harness) -> list[str]:

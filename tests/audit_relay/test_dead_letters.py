@@ -5,9 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-import audit_relay_harness as h
-
 from dataplane_contracts.events import DisclosureDeadLetter, DisclosureRecorded, dead_letter_id
+from dataplane_testing import audit_relay as h
 
 
 async def test_rf10_refused_unparseable_unroutable_and_non_did_go_to_dlq_and_later_events_flow(

@@ -5,9 +5,8 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
-import audit_relay_harness as h
-
 from dataplane_contracts.ds import AuditQueryBody
+from dataplane_testing import audit_relay as h
 
 
 def _expected_body(ev: dict[str, object]) -> dict[str, object]:

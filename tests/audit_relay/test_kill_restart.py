@@ -8,8 +8,9 @@ import uuid
 from collections import defaultdict
 from pathlib import Path
 
-import audit_relay_harness as h
 import pytest
+
+from dataplane_testing import audit_relay as h
 
 
 @pytest.mark.slow
@@ -32,8 +33,8 @@ async def test_rf10_sigkill_mid_stream_then_restart_delivers_every_event(harness
 
     for c in (harness.a, harness.b):  # slow ds down a little so the kill lands mid-stream
         c.double.set_fault(endpoint="audit", status=None, delay_seconds=0.005)
-    first = h.RelayProcess(dict(env), log)
-    second = h.RelayProcess(dict(env), log)
+    first = h.relay_process(dict(env), log)
+    second = h.relay_process(dict(env), log)
     try:
         first.start()
         await h.wait_for(lambda: len(_accepted(harness, events)) >= 60, 60, "first deliveries")

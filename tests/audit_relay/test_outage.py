@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
-import audit_relay_harness as h
 import pytest
+
+from dataplane_testing import audit_relay as h
 
 OUTAGE_S = 30.0
 

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import audit_relay_harness as h
 import pytest
 from aiokafka import TopicPartition
 
 from dataplane_local.doubles.server import RunningServer, serve_in_thread
+from dataplane_testing import audit_relay as h
+from dataplane_testing.processes import ServiceProcess
 
 PER_PARTITION = 3
 PER_CONNECTOR = 5
@@ -30,7 +31,7 @@ BUFFERED = 8
 class Observed:
     ds: h.ObservingDs
     server: RunningServer
-    relay: h.RelayProcess
+    relay: ServiceProcess
     topic: str
     group: str
 
@@ -63,7 +64,7 @@ async def observed(harness: h.Harness) -> AsyncIterator[Observed]:
         AUDIT_RELAY_MAX_IN_FLIGHT_PER_CONNECTOR=str(PER_CONNECTOR),
         AUDIT_RELAY_MAX_BUFFERED_PER_PARTITION=str(BUFFERED),
     )
-    relay = h.RelayProcess(env, Path(tempfile.mkdtemp(prefix="audit-relay-pipe-")) / "relay.log")
+    relay = h.relay_process(env, Path(tempfile.mkdtemp(prefix="audit-relay-pipe-")) / "relay.log")
     relay.start()
     try:
         await relay.wait_ready()
@@ -211,7 +212,7 @@ async def test_rf10_commit_stops_before_a_failing_event_and_a_restart_sends_it_a
     failing = ids[5]
     ds.failing = {failing}
     tp = TopicPartition(topic, 0)
-    first, second = h.RelayProcess(dict(env), log), h.RelayProcess(dict(env), log)
+    first, second = h.relay_process(dict(env), log), h.relay_process(dict(env), log)
     try:
         first.start()
         await _wait_accepted(ds, ids[:5] + ids[6:])
@@ -271,7 +272,7 @@ async def test_rf10_commit_stops_before_an_event_ds_holds_and_a_restart_delivers
     held = ids[5]
     ds.hold([held])
     tp = TopicPartition(topic, 0)
-    first, second = h.RelayProcess(dict(env), log), h.RelayProcess(dict(env), log)
+    first, second = h.relay_process(dict(env), log), h.relay_process(dict(env), log)
     try:
         first.start()
         await _wait_accepted(ds, ids[:5] + ids[6:])

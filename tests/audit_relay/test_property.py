@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import audit_relay_harness as h
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dataplane_contracts.ds import is_did
+from dataplane_testing import audit_relay as h
 
 dids = st.from_regex(r"did:(web|key|example):[a-z0-9][a-z0-9.-]{0,20}", fullmatch=True)
 not_dids = st.sampled_from(

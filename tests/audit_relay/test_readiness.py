@@ -12,12 +12,12 @@ import time
 import uuid
 from pathlib import Path
 
-import audit_relay_harness as h
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from audit_relay.health import Health
 from dataplane_local import infra
+from dataplane_testing import audit_relay as h
 
 
 async def test_unready_naming_the_broker_once_it_is_gone_longer_than_the_grace(harness: h.Harness) -> None:
@@ -30,7 +30,7 @@ async def test_unready_naming_the_broker_once_it_is_gone_longer_than_the_grace(h
         await h.make_topics(broker.url, topic, dlq_topic)
         urls = {h.PROVIDER_A: harness.a.server.url}
         env = h.relay_env(broker.url, topic, dlq_topic, f"relay-ready-{suffix}", harness.issuer, urls)
-        relay = h.RelayProcess(env, workdir / "relay.log")
+        relay = h.relay_process(env, workdir / "relay.log")
         relay.start()
         await relay.wait_ready()
         os.kill(broker.pid, signal.SIGKILL)  # gone at once, as in a crash

@@ -10,13 +10,13 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
-import audit_relay_harness as h
 import pytest
 
 from audit_relay.delivery import backoff_delay, parse_retry_after
 from audit_relay.records import Rejected, audit_body, dead_letter, parse_event
 from dataplane_contracts.events import DisclosureDeadLetter as DeadLetter
 from dataplane_contracts.events import DisclosureRecorded
+from dataplane_testing import audit_relay as h
 
 
 def _raw(**overrides: object) -> bytes:

@@ -5,7 +5,7 @@ the default; an event that names no provider goes to the default (rule 3)."""
 
 from __future__ import annotations
 
-import audit_relay_harness as h
+from dataplane_testing import audit_relay as h
 
 
 async def test_ref_1_3_rule_2_unlisted_provider_is_unroutable_and_never_sent_to_the_default(

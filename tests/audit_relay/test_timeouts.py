@@ -10,8 +10,9 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
-import audit_relay_harness as h
 import pytest
+
+from dataplane_testing import audit_relay as h
 
 RELAY_TIMEOUT_S = 1.0
 # far beyond the relay's timeout, so the first attempts cannot but time out
@@ -38,7 +39,7 @@ async def test_rf10_ds_hanging_past_the_timeout_is_retried_and_every_event_deliv
     )
     if window != "default":
         env["AUDIT_RELAY_MAX_IN_FLIGHT_PER_PARTITION"] = window
-    relay = h.RelayProcess(env, Path(tempfile.mkdtemp(prefix="audit-relay-timeout-")) / "relay.log")
+    relay = h.relay_process(env, Path(tempfile.mkdtemp(prefix="audit-relay-timeout-")) / "relay.log")
     events = [h.event(h.PROVIDER_A, dataset_id=f"ds-{suffix}-{i}", row_count=i) for i in range(5)]
     ids = [ev["event_id"] for ev in events]
 

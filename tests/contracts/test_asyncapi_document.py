@@ -5,8 +5,6 @@ document fails here)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +13,10 @@ import yaml
 from dataplane_contracts.dps import FlowStateChanged
 from dataplane_contracts.events import DisclosureDeadLetter, DisclosureRecorded, PlanRequest, PlanResolved
 from dataplane_contracts.topics import topic_specs
+from dataplane_testing.scripts import load_script
 
 ROOT = Path(__file__).parents[2]
-_spec = importlib.util.spec_from_file_location("asyncapi_tool", ROOT / "tools" / "asyncapi.py")
-assert _spec is not None and _spec.loader is not None
-tool = importlib.util.module_from_spec(_spec)
-sys.modules["asyncapi_tool"] = tool  # its dataclass looks its module up there
-_spec.loader.exec_module(tool)
+tool = load_script("tools/asyncapi.py", "asyncapi_tool")
 
 
 def committed() -> dict[str, Any]:

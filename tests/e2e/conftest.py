@@ -7,8 +7,6 @@ it."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import sys
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -21,12 +19,7 @@ from dataplane_local.demo import StackInfo
 from dataplane_local.procs import process_tree, survivors
 from dataplane_local.stack import TRACES_FILE, Stack, missing_services
 from dataplane_local.traces import StoredSpans
-
-_spec = importlib.util.spec_from_file_location("e2e_support", Path(__file__).with_name("e2e_support.py"))
-assert _spec is not None and _spec.loader is not None
-support = importlib.util.module_from_spec(_spec)
-sys.modules["e2e_support"] = support
-_spec.loader.exec_module(support)
+from dataplane_testing import e2e as support
 
 # a short resolve deadline keeps the "all resolvers down" scenario quick; it stays far above a
 # healthy resolution on this machine (tens of milliseconds)

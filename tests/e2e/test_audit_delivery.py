@@ -4,13 +4,12 @@ ds, every one of them, once the relay is back."""
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 
 import pytest
-from e2e_support import System
 
 from dataplane_local.demo import DEMO_AGREEMENT
+from dataplane_testing.e2e import System
 
 QUERIES = 6
 
@@ -27,11 +26,5 @@ async def test_rf10_relay_stopped_while_serving_then_ds_receives_every_disclosur
         assert not set(transfers) & await system.audit_transfer_ids()  # nobody delivered them yet
     finally:
         await asyncio.to_thread(system.stack.start_service, "audit-relay", 120.0)
-    deadline = time.monotonic() + 60
-    delivered: set[str] = set()
-    while time.monotonic() < deadline:
-        delivered = await system.audit_transfer_ids() & set(transfers)
-        if delivered == set(transfers):
-            break
-        await asyncio.sleep(0.25)
+    delivered = await system.delivered(set(transfers))
     assert delivered == set(transfers), f"missing: {sorted(set(transfers) - delivered)}"

@@ -10,7 +10,6 @@ import re
 from typing import Any
 
 import pytest
-from e2e_support import ALICE_PODS, ALL_PODS, System, local_cli
 
 from dataplane_local.demo import (
     DEMO_AGREEMENT,
@@ -26,6 +25,7 @@ from dataplane_local.demo import (
     signal,
     start_pull_flow,
 )
+from dataplane_testing.e2e import ALICE_PODS, ALL_PODS, System, local_cli
 
 pytestmark = pytest.mark.e2e
 

@@ -9,11 +9,10 @@ import os
 import subprocess
 import sys
 
-from e2e_support import System
-
 from dataplane_local.demo import DEMO_AGREEMENT
 from dataplane_local.procs import record_alive
 from dataplane_local.timeouts import scaled
+from dataplane_testing.e2e import System
 
 
 async def test_restart_replaces_one_gateway_replica_on_its_port(system: System) -> None:

@@ -22,7 +22,6 @@ from typing import Any
 
 import httpx
 import pytest
-from e2e_support import System
 
 from dataplane_contracts.dps import HTTP_PULL_PROFILE, DataFlowStatusMessage, FlowState
 from dataplane_local.demo import (
@@ -40,6 +39,7 @@ from dataplane_local.doubles.control_plane import Callback, ControlPlaneDouble, 
 from dataplane_local.doubles.did_web import DidIdentity, DidWebHost, start_did_web_host
 from dataplane_local.procs import record_alive
 from dataplane_local.timeouts import scaled
+from dataplane_testing.e2e import System
 
 pytestmark = pytest.mark.e2e
 

@@ -17,11 +17,11 @@ from pathlib import Path
 import asyncpg
 import httpx
 import pytest
-from e2e_support import System
 
 from dataplane_local.demo import DEMO_AGREEMENT
 from dataplane_local.procs import paused
 from dataplane_local.timeouts import scaled
+from dataplane_testing.e2e import System
 
 pytestmark = pytest.mark.e2e
 
@@ -74,17 +74,6 @@ async def _load(system: System, seconds: float, tag: str) -> list[Outcome]:
     return outcomes
 
 
-async def _delivered(system: System, transfers: set[str]) -> set[str]:
-    deadline = time.monotonic() + scaled(60)
-    got: set[str] = set()
-    while time.monotonic() < deadline:
-        got = await system.audit_transfer_ids() & transfers
-        if got == transfers:
-            break
-        await asyncio.sleep(0.25)
-    return got
-
-
 async def _under_fault(
     system: System, tag: str, fault: Callable[[], contextlib.AbstractAsyncContextManager[object]]
 ) -> list[Outcome]:
@@ -109,7 +98,7 @@ def _assert_told_the_truth(outcomes: list[Outcome], allowed: set[tuple[int, str]
 async def _no_disclosure_lost(system: System, outcomes: list[Outcome]) -> None:
     served = {t for t, status, _, _ in outcomes if status == 200}
     assert served
-    missing = served - await _delivered(system, served)
+    missing = served - await system.delivered(served)
     assert not missing, f"rows served whose disclosure never reached ds: {sorted(missing)[:5]}"
 
 

@@ -7,13 +7,11 @@ import asyncio
 import copy
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import jwt
 import pytest
-from e2e_support import System
 
 from dataplane_local.demo import (
     DEMO_AGREEMENT,
@@ -26,18 +24,12 @@ from dataplane_local.demo import (
     rows_pods,
     signal,
 )
-from dataplane_local.doubles.did_web import DidIdentity, DidWebHost, start_did_web_host
+from dataplane_local.doubles.did_web import DidIdentity, DidWebHost
+from dataplane_testing.e2e import System
 
 pytestmark = pytest.mark.e2e
 
 PROFILE = "https://w3id.org/dspace-sig/profile/http-pull"
-
-
-@pytest.fixture
-def did_host() -> Iterator[DidWebHost]:
-    host, server = start_did_web_host()
-    yield host
-    server.stop()
 
 
 class Pair:

@@ -5,14 +5,13 @@ and the resolver (over Kafka) for a lookup-handler miss."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 
 import pytest
-from e2e_support import System, fresh_principals, local_cli, new_traceparent, rec_registry_verdict
 
 from dataplane_local.demo import Wire, control_plane_token, pull, start_pull_flow
+from dataplane_testing.e2e import System, fresh_principals, local_cli, new_traceparent, rec_registry_verdict
+from dataplane_testing.polling import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -26,13 +25,15 @@ async def _traces_command(system: System, *args: str) -> str:
 async def _stored(system: System, trace_id: str, services: set[str]) -> None:
     """Wait until the receiver's store holds spans of each of these services in the trace (each
     service exports on its own schedule; the relay's span ends once ds accepted the disclosure)."""
-    deadline = time.monotonic() + 30
     seen: set[str] = set()
-    while time.monotonic() < deadline:
+
+    def stored() -> bool:
+        nonlocal seen
         seen = {s.service_name for s in system.receiver.spans(trace_id=trace_id)}
-        if seen >= services:
-            return
-        await asyncio.sleep(0.2)
+        return seen >= services
+
+    if await eventually(stored, 30, 0.2):
+        return
     raise AssertionError(f"trace {trace_id} holds spans of {sorted(seen)}, expected {sorted(services)}")
 
 

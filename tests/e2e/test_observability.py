@@ -12,12 +12,18 @@ import uuid
 from collections.abc import Iterable
 
 import pytest
-from e2e_support import ALICE_USER_ID, System, fresh_principals, new_traceparent, rec_registry_verdict
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
 from dataplane_local.demo import DEMO_AGREEMENT, Wire, control_plane_token, start_pull_flow
 from dataplane_local.doubles.otlp_receiver import SpanRecord
+from dataplane_testing.e2e import (
+    ALICE_USER_ID,
+    System,
+    fresh_principals,
+    new_traceparent,
+    rec_registry_verdict,
+)
 
 TRACED = {"query-gateway", "filter-resolver", "audit-relay"}
 # What each service must contribute to the trace of that query, by instrumentation scope: incoming

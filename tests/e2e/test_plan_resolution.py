@@ -10,10 +10,10 @@ import asyncio
 import re
 
 import pytest
-from e2e_support import ALICE_PODS, System, fresh_principals, pods_of, rec_registry_verdict
 
 from dataplane_contracts.topics import PLAN_REQUESTS
 from dataplane_local.timeouts import scaled
+from dataplane_testing.e2e import ALICE_PODS, System, fresh_principals, pods_of, rec_registry_verdict
 
 pytestmark = pytest.mark.e2e
 

@@ -11,9 +11,9 @@ import uuid
 
 import httpx
 import pytest
-from e2e_support import LIMITED_DATASET, System
 
 from dataplane_local.demo import DEMO_CONSUMER
+from dataplane_testing.e2e import LIMITED_DATASET, System
 
 pytestmark = pytest.mark.e2e
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import httpx
 import pytest
-from e2e_support import System
 
 from dataplane_contracts.topics import AUDIT_DISCLOSURES, PLAN_REQUESTS
 from dataplane_local.demo import DEMO_AGREEMENT, Wire, control_plane_token, pull, start_pull_flow
+from dataplane_testing.e2e import System
 
 pytestmark = pytest.mark.e2e
 

@@ -4,13 +4,10 @@ session), and a resolver runtime per test on a flushed Redis database."""
 from __future__ import annotations
 
 import gc
-import importlib.util
 import logging
-import sys
 import warnings
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,28 +20,18 @@ from dataplane_local.doubles.rec_registry import RecRegistryDouble
 from dataplane_local.doubles.rec_registry import create_app as registry_app
 from dataplane_local.doubles.server import RunningServer, serve_in_thread
 from dataplane_service_kit.logs import configure_logging
+from dataplane_testing.resolver import (
+    CLIENT_ID,
+    CLIENT_SECRET,
+    LOOKUP_SCOPE,
+    ListEndpoint,
+    make_settings,
+    put_claim,
+    read_plan,
+)
 from filter_resolver.app import Runtime, open_runtime
 from filter_resolver.handlers.plugins import PluginHandler
 from filter_resolver.metrics import Metrics
-
-# helpers are imported as `filter_resolver_support`: --import-mode=importlib puts no test dir on
-# sys.path, and a package here would shadow the service's own `filter_resolver`
-_spec = importlib.util.spec_from_file_location(
-    "filter_resolver_support", Path(__file__).with_name("support.py")
-)
-assert _spec is not None and _spec.loader is not None
-support = importlib.util.module_from_spec(_spec)
-sys.modules["filter_resolver_support"] = support
-_spec.loader.exec_module(support)
-_spec = importlib.util.spec_from_file_location(
-    "filter_resolver_processes", Path(__file__).with_name("processes.py")
-)
-assert _spec is not None and _spec.loader is not None
-_processes = importlib.util.module_from_spec(_spec)
-sys.modules["filter_resolver_processes"] = _processes
-_spec.loader.exec_module(_processes)
-CLIENT_ID, CLIENT_SECRET, LOOKUP_SCOPE = support.CLIENT_ID, support.CLIENT_SECRET, support.LOOKUP_SCOPE
-ListEndpoint, make_settings, put_claim = support.ListEndpoint, support.make_settings, support.put_claim
 
 
 @dataclass
@@ -101,7 +88,7 @@ class Harness:
     async def plan(self, check: ClaimCheck) -> Plan:
         reply = await self.resolve(check)
         assert reply.outcome != "error", reply
-        plan: Plan = await support.read_plan(self.redis, reply)
+        plan: Plan = await read_plan(self.redis, reply)
         return plan
 
 

@@ -4,8 +4,8 @@ document, no /docs (what it consumes and publishes: docs/asyncapi.yaml)."""
 from __future__ import annotations
 
 import httpx
-from filter_resolver_support import make_settings
 
+from dataplane_testing.resolver import make_settings
 from filter_resolver.app import create_app
 
 

@@ -7,7 +7,8 @@ import json
 from typing import Any
 
 import pytest
-from filter_resolver_support import claim, person
+
+from dataplane_testing.resolver import claim, person
 
 
 def retries_of(harness: Any) -> float:

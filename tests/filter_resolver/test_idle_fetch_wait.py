@@ -11,11 +11,20 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from filter_resolver_processes import gateway, make_topics, module_topics
-from filter_resolver_support import claim, eventually, make_settings, person, put_claim, read_plan
 from redis.asyncio import Redis
 
 from dataplane_contracts.events import PlanResolved
+from dataplane_testing.polling import eventually
+from dataplane_testing.resolver import (
+    claim,
+    gateway,
+    make_settings,
+    module_topics,
+    person,
+    put_claim,
+    read_plan,
+)
+from dataplane_testing.topics import make_topics
 from filter_resolver.app import open_runtime
 from filter_resolver.consumer import PlanRequestConsumer
 from filter_resolver.metrics import Metrics

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from filter_resolver_support import claim, make_settings, person
 
+from dataplane_testing.resolver import claim, make_settings, person
 from filter_resolver.handlers.plugins import PluginLoadError, load_entry_point_plugins, load_module_plugins
 
 PLUGINS = '''

@@ -14,32 +14,29 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from filter_resolver_processes import (
-    PARTITIONS,
-    Gateway,
-    ResolverProcess,
-    all_records,
-    gateway,
-    make_topics,
-    module_topics,
-    render,
-    start_resolver,
-)
-from filter_resolver_support import (
-    CLIENT_ID,
-    CLIENT_SECRET,
-    SECRET,
-    claim,
-    eventually,
-    person,
-    put_claim,
-    read_plan,
-    service_account,
-)
 from redis.asyncio import Redis
 
 from dataplane_contracts.events import PlanResolved
 from dataplane_contracts.plans import Plan, redis_plan_key
+from dataplane_testing.polling import eventually
+from dataplane_testing.processes import ServiceProcess
+from dataplane_testing.resolver import (
+    CLIENT_ID,
+    CLIENT_SECRET,
+    PARTITIONS,
+    Gateway,
+    claim,
+    gateway,
+    module_topics,
+    person,
+    put_claim,
+    read_plan,
+    render,
+    resolver_env,
+    service_account,
+    start_resolver,
+)
+from dataplane_testing.topics import make_topics, read_to_end
 from filter_resolver.settings import GROUP_ID
 
 pytestmark = pytest.mark.e2e
@@ -47,7 +44,7 @@ pytestmark = pytest.mark.e2e
 
 @dataclass
 class Stack:
-    resolvers: list[ResolverProcess]
+    resolvers: list[ServiceProcess]
     gateway: Gateway
     redis: Redis
     bootstrap: str
@@ -63,20 +60,17 @@ async def stack(
     specs, request_topic, reply_topic = module_topics(suffix)
     await make_topics(kafka_bootstrap, specs)
     workdir: Path = tmp_path_factory.mktemp("resolvers")
-    env = {
-        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-        "KAFKA_FETCH_MAX_WAIT_MS": "10",
-        "KAFKA_ENABLE_IDEMPOTENCE": "false",
-        "REDIS_URL": redis_server_url,
-        "ROW_FILTERS_CACHE_KEY_SECRET": SECRET,
-        "CELINE_OIDC_BASE_URL": doubles.issuer.base_url,
-        "CELINE_OIDC_CLIENT_ID": CLIENT_ID,
-        "CELINE_OIDC_CLIENT_SECRET": CLIENT_SECRET,
-        "REC_REGISTRY_URL": doubles.registry_url,
-        "PLAN_REQUESTS_TOPIC": request_topic,
-        "RESOLVER_RETRY_BASE_MS": "5",
-        "LOG_LEVEL": "DEBUG",
-    }
+    env = resolver_env(
+        kafka_bootstrap,
+        redis_server_url,
+        request_topic,
+        CELINE_OIDC_BASE_URL=doubles.issuer.base_url,
+        CELINE_OIDC_CLIENT_ID=CLIENT_ID,
+        CELINE_OIDC_CLIENT_SECRET=CLIENT_SECRET,
+        REC_REGISTRY_URL=doubles.registry_url,
+        RESOLVER_RETRY_BASE_MS="5",
+        LOG_LEVEL="DEBUG",
+    )
     resolvers = [start_resolver(env, workdir, f"resolver-{i}") for i in range(2)]
     redis = Redis.from_url(redis_server_url)
     try:
@@ -243,7 +237,10 @@ async def test_rf08_no_token_principal_or_key_leaves_the_plan_values(
     logs = "\n".join(r.stderr() for r in stack.resolvers)
     assert '"level":"debug"' in logs.replace('": "', '":"')  # the capture really is at DEBUG
     messages = [
-        render(rec) for rec in await all_records(stack.bootstrap, [stack.request_topic, stack.reply_topic])
+        render(rec)
+        for rec in await read_to_end(
+            stack.bootstrap, [stack.request_topic, stack.reply_topic], range(PARTITIONS)
+        )
     ]
     assert len(messages) >= 2 * len(checks)
     metas = []

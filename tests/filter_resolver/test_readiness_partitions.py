@@ -14,21 +14,24 @@ from typing import Any
 
 import httpx
 import pytest
-from filter_resolver_processes import ResolverProcess, make_topics, module_topics, start_resolver
-from filter_resolver_support import SECRET, eventually
+
+from dataplane_testing.polling import eventually
+from dataplane_testing.processes import ServiceProcess
+from dataplane_testing.resolver import module_topics, resolver_env, start_resolver
+from dataplane_testing.topics import make_topics
 
 pytestmark = pytest.mark.e2e
 
 UNREADY_KAFKA = {"status": "unready", "error": "not_ready", "failing": ["kafka"]}
 
 
-async def _readyz(resolver: ResolverProcess) -> tuple[int, Any]:
+async def _readyz(resolver: ServiceProcess) -> tuple[int, Any]:
     async with httpx.AsyncClient() as client:
         response = await client.get(resolver.url + "/readyz", timeout=5)
     return response.status_code, response.json()
 
 
-def _assignments(resolver: ResolverProcess) -> list[list[int]]:
+def _assignments(resolver: ServiceProcess) -> list[list[int]]:
     """Every `partitions_assigned` the member logged: one per completed join of the group."""
     out: list[list[int]] = []
     for line in resolver.stderr().splitlines():
@@ -49,15 +52,9 @@ async def test_a_member_without_partitions_is_unready_while_the_holder_is_ready(
     # one partition for two members: one of them is in the group but holds nothing
     specs = [dataclasses.replace(s, partitions=1) if s.name == request_topic else s for s in specs]
     await make_topics(kafka_bootstrap, specs)
-    env = {
-        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-        "KAFKA_FETCH_MAX_WAIT_MS": "10",
-        "KAFKA_ENABLE_IDEMPOTENCE": "false",
-        "REDIS_URL": redis_server_url,
-        "ROW_FILTERS_CACHE_KEY_SECRET": SECRET,
-        "PLAN_REQUESTS_TOPIC": request_topic,
-        "RESOLVER_GROUP_ID": f"test-readiness-{suffix}",
-    }
+    env = resolver_env(
+        kafka_bootstrap, redis_server_url, request_topic, RESOLVER_GROUP_ID=f"test-readiness-{suffix}"
+    )
     resolvers = [start_resolver(env, tmp_path, f"resolver-{i}") for i in range(2)]
     try:
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import jwt
 import pytest
-from filter_resolver_support import CLIENT_ID, claim, person, service_account
 
 from dataplane_local.infra import free_port
+from dataplane_testing.resolver import CLIENT_ID, claim, person, service_account
 
 NOT_A_MEMBER_DETAIL = "You are not a member of any community"
 ARGS = {"column": "sensor_id"}

@@ -15,21 +15,25 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from filter_resolver_processes import PARTITIONS, gateway, make_topics, module_topics, start_resolver
-from filter_resolver_support import (
-    CLIENT_ID,
-    CLIENT_SECRET,
-    SECRET,
-    claim,
-    eventually,
-    person,
-    put_claim,
-    read_plan,
-)
 from redis.asyncio import Redis
 
 from dataplane_contracts.events import PlanResolved
 from dataplane_local.infra import start_kafka
+from dataplane_testing.polling import eventually
+from dataplane_testing.resolver import (
+    CLIENT_ID,
+    CLIENT_SECRET,
+    PARTITIONS,
+    claim,
+    gateway,
+    module_topics,
+    person,
+    put_claim,
+    read_plan,
+    resolver_env,
+    start_resolver,
+)
+from dataplane_testing.topics import make_topics
 from filter_resolver.settings import GROUP_ID
 
 pytestmark = pytest.mark.e2e
@@ -55,18 +59,15 @@ async def test_reply_that_could_not_be_published_is_not_committed_and_is_answere
     try:
         await make_topics(broker.url, specs)
         resolver = start_resolver(
-            {
-                "KAFKA_BOOTSTRAP_SERVERS": broker.url,
-                "KAFKA_FETCH_MAX_WAIT_MS": "10",
-                "KAFKA_ENABLE_IDEMPOTENCE": "false",
-                "REDIS_URL": redis_url,
-                "ROW_FILTERS_CACHE_KEY_SECRET": SECRET,
-                "CELINE_OIDC_BASE_URL": fresh_doubles.issuer.base_url,
-                "CELINE_OIDC_CLIENT_ID": CLIENT_ID,
-                "CELINE_OIDC_CLIENT_SECRET": CLIENT_SECRET,
-                "PLAN_REQUESTS_TOPIC": request_topic,
-                "RESOLVER_RETRY_BASE_MS": "5",
-            },
+            resolver_env(
+                broker.url,
+                redis_url,
+                request_topic,
+                CELINE_OIDC_BASE_URL=fresh_doubles.issuer.base_url,
+                CELINE_OIDC_CLIENT_ID=CLIENT_ID,
+                CELINE_OIDC_CLIENT_SECRET=CLIENT_SECRET,
+                RESOLVER_RETRY_BASE_MS="5",
+            ),
             tmp_path,
             "resolver",
         )

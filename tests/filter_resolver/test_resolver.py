@@ -9,19 +9,18 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from filter_resolver_support import (
+from dataplane_contracts.plans import redis_claim_key, redis_one_shot_key, redis_plan_key
+from dataplane_local.infra import free_port
+from dataplane_testing.polling import eventually
+from dataplane_testing.resolver import (
     cache_key_of,
     claim,
-    eventually,
     make_settings,
     person,
     put_claim,
     read_plan,
     service_account,
 )
-
-from dataplane_contracts.plans import redis_claim_key, redis_one_shot_key, redis_plan_key
-from dataplane_local.infra import free_port
 from filter_resolver.app import open_runtime
 from filter_resolver.handlers.plugins import PluginHandler
 from filter_resolver.metrics import Metrics

@@ -10,8 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from filter_resolver_support import SECRET, TcpDouble, claim, eventually, person, refused_port
 
+from dataplane_testing.polling import eventually
+from dataplane_testing.resolver import SECRET, TcpDouble, claim, person, refused_port
 from filter_resolver.errors import TransientUpstream
 from filter_resolver.retry import RetriesExhausted, backoff_delays, with_retries
 from filter_resolver.settings import Settings

@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from filter_resolver_support import SECRET, eventually, make_settings
 
 from dataplane_local.doubles.server import serve_in_thread
 from dataplane_local.infra import free_port
+from dataplane_testing.polling import eventually
+from dataplane_testing.resolver import SECRET, make_settings
 from filter_resolver.app import create_app
 
 SCRIPT = Path(sys.executable).with_name("filter-resolver")

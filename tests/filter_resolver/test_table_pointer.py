@@ -8,7 +8,8 @@ from typing import Any
 
 import asyncpg
 import pytest
-from filter_resolver_support import claim, person
+
+from dataplane_testing.resolver import claim, person
 
 ARGS = {"column": "meter_id", "pointer_table": "ptr.user_meters", "pointer_key_column": "meter"}
 

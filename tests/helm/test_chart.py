@@ -3,13 +3,13 @@ every file under deploy/helm/ci/, and which values it refuses (readably)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+
+from dataplane_testing.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm"
@@ -37,16 +37,8 @@ HOOK = "pre-install,pre-upgrade"
 Obj = dict[str, Any]
 
 
-def _load_render() -> ModuleType:
-    # render.py is a script beside the chart, not a package: load it by path.
-    spec = importlib.util.spec_from_file_location("dataplane_chart_render", CHART / "render.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-chart = _load_render()
+# render.py is a script beside the chart, not a package
+chart = load_script("deploy/helm/render.py", "dataplane_chart_render")
 
 
 def values_of(*files: Path) -> dict[str, Any]:

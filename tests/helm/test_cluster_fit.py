@@ -7,7 +7,6 @@ and each refusal readable."""
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -16,14 +15,13 @@ from typing import Any
 import pytest
 import yaml
 
+from dataplane_testing.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm"
 FIT = CHART / "ci" / "cluster-fit.yaml"
 
-_spec = importlib.util.spec_from_file_location("dataplane_chart_render_fit", CHART / "render.py")
-assert _spec is not None and _spec.loader is not None
-chart = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(chart)
+chart = load_script("deploy/helm/render.py", "dataplane_chart_render_fit")
 
 Obj = dict[str, Any]
 

@@ -6,7 +6,6 @@ alert is explained in docs/operations.md."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
@@ -16,14 +15,13 @@ from typing import Any
 import pytest
 import yaml
 
+from dataplane_testing.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm"
 SOURCES = [*(ROOT / "services").glob("*/src"), ROOT / "libs" / "service-kit" / "src"]
 
-_spec = importlib.util.spec_from_file_location("dataplane_chart_render_mon", CHART / "render.py")
-assert _spec is not None and _spec.loader is not None
-chart = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(chart)
+chart = load_script("deploy/helm/render.py", "dataplane_chart_render_mon")
 
 _DECLARED = re.compile(r"\b(Counter|Gauge|Histogram|Summary)\(\s*\"([a-zA-Z_:][a-zA-Z0-9_:]*)\"")
 

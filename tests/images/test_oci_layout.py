@@ -4,28 +4,20 @@ default image names. The full build and the started image run in CI (.ci/run, "i
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import yaml
 
+from dataplane_testing.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-images = _load("dataplane_images_build", ROOT / "tools" / "images" / "build.py")
-chart = _load("dataplane_chart_render_images", ROOT / "deploy" / "helm" / "render.py")
+images = load_script("tools/images/build.py", "dataplane_images_build")
+chart = load_script("deploy/helm/render.py", "dataplane_chart_render_images")
 
 
 def _tree(tmp_path: Path) -> Path:

@@ -4,12 +4,8 @@ real HTTP servers, the session broker with every topic, and the gateway app in-p
 from __future__ import annotations
 
 import os
-import sys
-import uuid
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
-import asyncpg
 import httpx
 import pytest
 
@@ -20,26 +16,23 @@ from dataplane_local.doubles.oidc import JWKS_PATH, OidcIssuer, start_oidc_issue
 from dataplane_local.doubles.server import RunningServer, serve_in_thread
 from dataplane_service_kit.logs import configure_logging
 from dataplane_service_kit.topics_cli import create_topics
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from gateway_support import (
+from dataplane_testing.databases import scratch_database
+from dataplane_testing.gateway import (
     CLIENT_ID,
     CLIENT_SECRET,
     PUBLIC_PEM,
     PULL_GRANTS_DDL,
     SEED,
     FakeResolver,
-    TopicTail,
     World,
     ds_policy,
     extended_catalogue,
     fake_resolver,
     flush_plan_cache,
     running_gateway,
-    scratch_database,
 )
-from records_support import RecordsWorld, records_world
+from dataplane_testing.records import RecordsWorld, records_world
+from dataplane_testing.topics import TopicTail
 
 
 @pytest.fixture(scope="session")
@@ -49,18 +42,8 @@ def json_logs() -> None:
 
 @pytest.fixture(scope="session")
 async def datasets_url(postgres_url: str) -> AsyncIterator[str]:
-    name = f"gw_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(postgres_url)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    await admin.close()
-    url = f"{postgres_url.rpartition('/')[0]}/{name}"
-    conn = await asyncpg.connect(url)
-    await conn.execute(SEED)
-    await conn.close()
-    yield url
-    admin = await asyncpg.connect(postgres_url)
-    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await admin.close()
+    async with scratch_database(postgres_url, SEED, "gw_") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
@@ -165,7 +148,7 @@ async def pull_client(world: World, flows_url: str) -> AsyncIterator[httpx.Async
 async def rw(
     world: World, postgres_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[RecordsWorld]:
-    """The records API's world (records_support): signaling and a DPS gateway over one flows
+    """The records API's world (dataplane_testing.records): signaling and a DPS gateway over one flows
     database, a datasets database of transactions."""
     async with records_world(world, postgres_url, tmp_path_factory.mktemp("records")) as running:
         yield running

@@ -10,19 +10,12 @@ from typing import Any
 import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
-from gateway_support import (
-    AGREEMENT,
-    AUDIENCE,
-    CONSUMER,
-    FakeResolver,
-    TopicTail,
-    World,
-    ds_policy,
-    metric,
-    scrape,
-)
 
 from dataplane_local.doubles.ds_connector import ROOT, DsConnectorDouble
+from dataplane_testing.gateway import AGREEMENT, AUDIENCE, CONSUMER, FakeResolver, World, ds_policy
+from dataplane_testing.metrics import scrape
+from dataplane_testing.metrics import series as metric
+from dataplane_testing.topics import TopicTail
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
 SKM = {"handler": "subject_key_match", "args": {"column": "pod", "key_type": "pod"}}

@@ -17,19 +17,20 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_support import (
-    AGREEMENT,
-    FakeResolver,
-    TopicTail,
-    World,
-    ds_policy,
-    metric,
-    running_gateway,
-    scrape,
-)
-from test_dps_pull import grant, pull_token  # the DPS-09 tests' pull grant and token
 
 from dataplane_local.doubles.ds_connector import DsConnectorDouble
+from dataplane_testing.gateway import (
+    AGREEMENT,
+    FakeResolver,
+    World,
+    ds_policy,
+    grant,
+    pull_token,
+    running_gateway,
+)
+from dataplane_testing.metrics import scrape
+from dataplane_testing.metrics import series as metric
+from dataplane_testing.topics import TopicTail
 from query_gateway.sql import DEFAULT_LIMIT, MAX_LIMIT
 
 TRANSFER = f"tp-{uuid.uuid4().hex[:12]}"  # names this module's disclosures among the session's

@@ -17,11 +17,12 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_support import CATALOGUE, World, metric
 from pydantic import SecretStr
 
 from dataplane_local import infra
 from dataplane_local.timeouts import scaled
+from dataplane_testing.gateway import CATALOGUE, World
+from dataplane_testing.metrics import series as metric
 from query_gateway.app import StartupRefused, create_app
 from query_gateway.catalogue_file import unknown_handlers
 from query_gateway.settings import GatewaySettings

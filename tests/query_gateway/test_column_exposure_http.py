@@ -1,6 +1,6 @@
 """Column exposure through the gateway's routes (issue 15), on the normal path and the legacy EDR
 path: a gateway over database A (every column) against database B holding only narrow.readings'
-exposed columns of the permitted rows (sql/exposure_support.py). An exposed column in any
+exposed columns of the permitted rows (dataplane_testing/exposure.py). An exposed column in any
 position answers B's rows; an unexposed one, a missing one and a case twin get one byte-identical
 `400 column_not_exposed`; stars and whole rows show the exposed columns only; masks read as
 specified; `POST /query/plan` shows exposure and masks; start-up refuses a `columns:` list naming
@@ -9,7 +9,6 @@ a column the table lacks, and a `hash` mask without COLUMN_MASK_KEY."""
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,11 +17,10 @@ import asyncpg
 import httpx
 import pytest
 import yaml
-from gateway_support import AGREEMENT, World, ds_policy, running_gateway, scratch_database
 
-sys.path.insert(0, str(Path(__file__).parent / "sql"))
-
-from exposure_support import (
+from dataplane_local.doubles.ds_connector import DsConnectorDouble
+from dataplane_testing.databases import scratch_database
+from dataplane_testing.exposure import (
     DATASETS,
     EXPOSED,
     HIDDEN,
@@ -35,9 +33,8 @@ from exposure_support import (
     load_exposed,
     masked_sites,
 )
-from sqlgw_support import SCHEMA_A, Permit, multiset, seed
-
-from dataplane_local.doubles.ds_connector import DsConnectorDouble
+from dataplane_testing.gateway import AGREEMENT, World, ds_policy, running_gateway
+from dataplane_testing.sqlgw import SCHEMA_A, Permit, multiset, seed
 from query_gateway.sql.references import NOT_EXPOSED
 
 PERMIT = Permit(pods=("pod-1", "pod-3", "pod-4"), orgs=("org-b",), sites=None)

@@ -20,23 +20,23 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from gateway_support import (
-    AGREEMENT,
-    CONSUMER,
-    PROVIDER,
-    TopicTail,
-    World,
-    ds_policy,
-    metric,
-    running_gateway,
-    scrape,
-    started_grant,
-)
 from prometheus_client import REGISTRY
 from pydantic import ValidationError
 
 from dataplane_contracts.ds import AuthorizeRequest, DecisionEnvelope
 from dataplane_local.doubles.ds_connector import DsConnectorDouble
+from dataplane_testing.gateway import (
+    AGREEMENT,
+    CONSUMER,
+    PROVIDER,
+    World,
+    ds_policy,
+    running_gateway,
+    started_grant,
+)
+from dataplane_testing.metrics import scrape
+from dataplane_testing.metrics import series as metric
+from dataplane_testing.topics import TopicTail
 from query_gateway.decision_cache import DecisionKey, DsDecisionCache, decision_key
 
 HITS = "query_gateway_ds_decision_cache_hits_total"

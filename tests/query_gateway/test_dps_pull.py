@@ -8,7 +8,6 @@ import asyncio
 import json
 import logging
 import time
-import uuid
 from typing import Any
 
 import asyncpg
@@ -16,35 +15,19 @@ import httpx
 import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
-from gateway_support import (
+
+from dataplane_local.doubles.ds_connector import DsConnectorDouble
+from dataplane_testing.gateway import (
     AGREEMENT,
     CONSUMER,
     KEY,
     PROVIDER,
-    TopicTail,
     ds_policy,
+    grant,
     pull_token,
+    refused,
 )
-
-from dataplane_local.doubles.ds_connector import DsConnectorDouble
-
-
-async def grant(flows_url: str, state: str = "STARTED", **over: str) -> str:
-    jti = str(uuid.uuid4())
-    row = {
-        "token_id": jti,
-        "flow_id": f"flow-{jti[:8]}",
-        "state": state,
-        "agreement_id": AGREEMENT,
-        "dataset_id": "stats",
-        "participant_id": PROVIDER,
-        "counter_party_id": CONSUMER,
-    }
-    row.update(over)
-    conn = await asyncpg.connect(flows_url)
-    await conn.execute("INSERT INTO dps_pull_grants VALUES ($1, $2, $3, $4, $5, $6, $7)", *row.values())
-    await conn.close()
-    return jti
+from dataplane_testing.topics import TopicTail
 
 
 async def pull(client: httpx.AsyncClient, authorization: str | None, **headers: str) -> httpx.Response:
@@ -52,11 +35,6 @@ async def pull(client: httpx.AsyncClient, authorization: str | None, **headers: 
     if authorization is not None:
         h["Authorization"] = authorization
     return await client.post("/dps/public/query", json={"sql": "SELECT id FROM stats ORDER BY id"}, headers=h)
-
-
-def refused(response: httpx.Response, status: int, code: str) -> None:
-    assert response.status_code == status, response.text
-    assert response.json()["error"] == code
 
 
 async def test_dps09_a_started_flow_serves_rows_under_its_own_agreement(

@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gateway_support import AGREEMENT, CONSUMER, PROVIDER, World, ds_policy, running_gateway
-
 from dataplane_contracts.topics import topic_specs
 from dataplane_local import infra
 from dataplane_local.doubles.ds_connector import DsConnectorDouble
 from dataplane_service_kit.topics_cli import create_topics
+from dataplane_testing.gateway import AGREEMENT, CONSUMER, PROVIDER, World, ds_policy, running_gateway
 
 OTHER = "did:web:other-provider.example"
 

@@ -5,13 +5,23 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
 
 import httpx
 import pytest
-from gateway_support import AGREEMENT, CONSUMER, PROVIDER, FakeResolver, TopicTail, World, ds_policy
 
 from dataplane_local.doubles.ds_connector import DsConnectorDouble
+from dataplane_testing.gateway import (
+    AGREEMENT,
+    CONSUMER,
+    PROVIDER,
+    FakeResolver,
+    World,
+    authorize_answer,
+    ds_policy,
+    edr_query,
+    refused,
+)
+from dataplane_testing.topics import TopicTail
 
 KEYS_CONSENT = {
     "meter": [
@@ -20,28 +30,6 @@ KEYS_CONSENT = {
     ]
 }
 SKM = {"handler": "subject_key_match", "args": {"column": "pod", "key_type": "pod"}}
-
-
-async def edr_query(
-    client: httpx.AsyncClient, world: World, sql: str, token: str | None = None, **headers: str
-) -> httpx.Response:
-    h = {
-        "Authorization": f"Bearer {token or world.edr()}",
-        "Edc-Contract-Agreement-Id": AGREEMENT,
-        "Edc-Transfer-Process-Id": "tp-1",
-        "Edc-Purpose": " analytics, ,billing ",
-    }
-    h.update(headers)
-    return await client.post("/query", json={"sql": sql}, headers=h)
-
-
-def refused(response: httpx.Response, status: int, code: str) -> None:
-    assert response.status_code == status, response.text
-    assert response.json()["error"] == code
-
-
-def authorize_answer(datasets: list[dict[str, Any]], decision: str = "allow") -> dict[str, Any]:
-    return {"decision": decision, "datasets": datasets, "decision_ref": "f" * 64}
 
 
 async def test_rf04_the_verdicts_keys_narrow_the_rows_and_the_disclosure_names_dids(

@@ -19,32 +19,26 @@ differently."""
 
 from __future__ import annotations
 
-import sys
-import uuid
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import asyncpg
 import httpx
 import pytest
 import yaml
-from gateway_support import (
+
+from dataplane_local.doubles.ds_connector import DsConnectorDouble
+from dataplane_testing.databases import scratch_database
+from dataplane_testing.gateway import (
     AGREEMENT,
-    CONSUMER,
-    PROVIDER,
+    PUBLIC_PEM,
     PULL_GRANTS_DDL,
     World,
     ds_policy,
+    pull_token,
     running_gateway,
-    scratch_database,
+    started_grant,
 )
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from gateway_support import PUBLIC_PEM, pull_token
-
-from dataplane_local.doubles.ds_connector import DsConnectorDouble
 
 TABLES = {"oracle.plain": "oracle_plain", "oracle.indexed": "oracle_indexed"}
 REPEAT = 9  # > 5 custom plans, on one connection
@@ -200,19 +194,7 @@ async def test_edr_path_answers_the_same_with_and_without_a_forbidden_row(
 
 
 async def _pull_grant(url: str, dataset: str) -> str:
-    jti = str(uuid.uuid4())
-    conn = await asyncpg.connect(url)
-    await conn.execute(
-        "INSERT INTO dps_pull_grants VALUES ($1, $2, 'STARTED', $3, $4, $5, $6)",
-        jti,
-        f"flow-{jti[:8]}",
-        AGREEMENT,
-        dataset,
-        PROVIDER,
-        CONSUMER,
-    )
-    await conn.close()
-    return pull_token(jti)
+    return pull_token(await started_grant(url, dataset))
 
 
 @pytest.mark.parametrize("keys", (1, 40))

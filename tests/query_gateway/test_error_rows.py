@@ -7,9 +7,10 @@ from __future__ import annotations
 import uuid
 
 import httpx
-from gateway_support import AGREEMENT, TopicTail, World, ds_policy
 
 from dataplane_local.doubles.ds_connector import ROOT, DsConnectorDouble
+from dataplane_testing.gateway import AGREEMENT, World, ds_policy
+from dataplane_testing.topics import TopicTail
 
 
 def refused(response: httpx.Response, status: int, code: str) -> dict[str, str]:

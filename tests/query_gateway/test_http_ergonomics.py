@@ -8,7 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
-from gateway_support import AGREEMENT, CATALOGUE, World, running_gateway
+
+from dataplane_testing.gateway import AGREEMENT, CATALOGUE, World, running_gateway
 
 STATS = "SELECT id FROM stats ORDER BY id"
 # a catalogue whose every dataset needs a caller: nothing is read without a bearer

@@ -28,9 +28,6 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import httpx
-from fault_support import PipeProxy, TcpProxy, coded, raw_client, until
-from gateway_support import AGREEMENT, PUBLIC_PEM, SEED, World, ds_policy, pull_token, scratch_database
-from test_dps_pull import grant
 
 from dataplane_contracts.topics import topic_specs
 from dataplane_local import infra
@@ -38,6 +35,10 @@ from dataplane_local.doubles.ds_connector import DsConnectorDouble
 from dataplane_local.procs import paused
 from dataplane_local.timeouts import scaled
 from dataplane_service_kit.topics_cli import create_topics
+from dataplane_testing.databases import scratch_database
+from dataplane_testing.faults import PipeProxy, TcpProxy, coded, raw_client
+from dataplane_testing.gateway import AGREEMENT, PUBLIC_PEM, SEED, World, ds_policy, grant, pull_token
+from dataplane_testing.polling import wait_for
 from query_gateway.app import create_app
 from query_gateway.settings import GatewaySettings
 
@@ -91,7 +92,7 @@ async def test_issue18_backends_terminated_under_load_answer_200_or_a_code(
             assert set(codes) <= {(200, "ok"), (503, "database_unavailable")}, codes
             assert codes[(200, "ok")] > 0, codes
             # and the pool heals: once the terminations stop, the next answers are rows
-            await until(lambda: _ok(client.post("/query", json=STATS)), "a 200 after the terminations", 30)
+            await wait_for(lambda: _ok(client.post("/query", json=STATS)), 30, "a 200 after the terminations")
 
 
 async def _ok(pending: Any) -> bool:
@@ -132,7 +133,7 @@ async def test_issue18_database_stopped_every_request_answers_within_its_bound_w
                 assert all("SELECT" not in r.json()["detail"] for r in answers)
                 status, body = await readyz(client)
                 assert status == 503 and "datasets_db" in body["failing"], body
-            await until(lambda: _ok(client.post("/query", json=STATS)), "rows after SIGCONT", 60)
+            await wait_for(lambda: _ok(client.post("/query", json=STATS)), 60, "rows after SIGCONT")
             assert await readyz(client) == (200, {"status": "ready"})
     finally:
         pg.stop()
@@ -166,12 +167,12 @@ async def test_issue18_broker_paused_readyz_names_kafka_and_returns(world: World
         ):
             parts = (("gateway 1", gw), ("gateway 2", gw2), ("resolver", rs))
             for name, client in parts:
-                await until(lambda c=client: _is(readyz(c), 200), f"{name} ready", 60)
+                await wait_for(lambda c=client: _is(readyz(c), 200), 60, f"{name} ready")
             with paused(kafka.pid):
                 for name, client in parts:
-                    await until(lambda c=client: _names_kafka(readyz(c)), f"{name} unready", 30)
+                    await wait_for(lambda c=client: _names_kafka(readyz(c)), 30, f"{name} unready")
             for name, client in parts:
-                await until(lambda c=client: _is(readyz(c), 200), f"{name} ready again", 60)
+                await wait_for(lambda c=client: _is(readyz(c), 200), 60, f"{name} ready again")
     finally:
         kafka.stop()
 
@@ -194,7 +195,7 @@ async def test_issue18_redis_stopped_the_gateway_stays_ready_and_refuses_lookup_
     try:
         settings = world.settings(redis_url=redis.url, redis_socket_timeout_seconds=1.0)
         async with gateway(settings) as client:
-            await until(lambda: _is(readyz(client), 200), "ready", 60)
+            await wait_for(lambda: _is(readyz(client), 200), 60, "ready")
             user = {"Authorization": f"Bearer {world.user_token('user-1')}"}
             with paused(redis.pid):
                 status, body = await readyz(client)
@@ -209,7 +210,7 @@ async def test_issue18_redis_stopped_the_gateway_stays_ready_and_refuses_lookup_
                 # a lookup handler's plan is not held in-process: refused with its code
                 miss = await client.post("/query", json={"sql": "SELECT id FROM registry"}, headers=user)
                 assert coded(miss) == (503, "row_filter_unavailable")
-            await until(lambda: _is_whole(readyz(client)), "no longer degraded", 30)
+            await wait_for(lambda: _is_whole(readyz(client)), 30, "no longer degraded")
     finally:
         redis.stop()
 
@@ -241,12 +242,12 @@ async def test_issue18_flows_database_refusing_keeps_the_gateway_ready_for_edr(
             dps_enabled=True, dps_token_public_key=PUBLIC_PEM, dps_flows_database_url=through
         )
         async with gateway(settings) as client:
-            await until(lambda: _is(readyz(client), 200), "ready", 60)
+            await wait_for(lambda: _is(readyz(client), 200), 60, "ready")
             token = {"Authorization": f"Bearer {pull_token(await grant(flows_url))}"}
             assert (await client.post("/dps/public/query", json=STATS, headers=token)).status_code == 200
             await proxy.__aexit__(None, None, None)  # connections dropped, new ones refused
             open_ = False
-            await until(lambda: _degraded(readyz(client), "flows_db"), "degraded", 30)
+            await wait_for(lambda: _degraded(readyz(client), "flows_db"), 30, "degraded")
             pulled = await client.post("/dps/public/query", json=STATS, headers=token)
             assert coded(pulled) == (503, "database_unavailable")
             edr = await client.post("/query", json=STATS, headers=_edr(world))

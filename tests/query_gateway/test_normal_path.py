@@ -9,7 +9,8 @@ from typing import Any
 
 import asyncpg
 import httpx
-from gateway_support import CATALOGUE, FakeResolver, World, running_gateway
+
+from dataplane_testing.gateway import CATALOGUE, FakeResolver, World, refused, running_gateway
 
 VIEWER_A = {"organization": {"org-a": {"type": ["rec"], "groups": ["/viewers"]}}}
 ADMIN_ROLE = {"realm_access": {"roles": ["platform-admin"]}}
@@ -23,11 +24,6 @@ async def post(client: httpx.AsyncClient, sql: str, token: str | None = None, **
 def ids(response: httpx.Response) -> list[int]:
     assert response.status_code == 200, response.text
     return [row["id"] for row in response.json()["items"]]
-
-
-def refused(response: httpx.Response, status: int, code: str) -> None:
-    assert response.status_code == status, response.text
-    assert response.json()["error"] == code
 
 
 async def test_public_dataset_is_served_anonymously_with_the_page_shape(client: httpx.AsyncClient) -> None:

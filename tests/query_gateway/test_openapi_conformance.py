@@ -5,31 +5,16 @@ no answer outside what the document says."""
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
-from gateway_support import (
-    AGREEMENT,
-    PUBLIC_PEM,
-    World,
-    ds_policy,
-    pull_token,
-    started_grant,
-)
 
 from dataplane_local.doubles.ds_connector import DsConnectorDouble
 from dataplane_local.doubles.server import RunningServer, serve_in_thread
+from dataplane_testing import openapi as conformance
+from dataplane_testing.gateway import AGREEMENT, PUBLIC_PEM, World, ds_policy, pull_token, started_grant
 from query_gateway.app import create_app
-
-_spec = importlib.util.spec_from_file_location(
-    "openapi_conformance", Path(__file__).parents[1] / "openapi_conformance.py"
-)
-assert _spec is not None and _spec.loader is not None
-conformance = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(conformance)
 
 ROUTES = {
     ("GET", "/healthz"),

@@ -7,7 +7,7 @@ handlers (`subject_key_match`, `organization_match`, `member_wide`), both layers
 execution, the response shape and the disclosure are all inside the comparison.
 
 The statements, the tables and what a request permits come from the SQL-pipeline oracle's model
-(`Permit` in sql/sqlgw_support.py): B's rows and which requests are denies are derived from the raw
+(`Permit` in dataplane_testing/sqlgw.py): B's rows and which requests are denies are derived from the raw
 allow-list values alone, never from the gateway's parsing of keys or conversion of values. Beside
 the keys of the permitted values, each verdict carries keys of another type and malformed keys
 (both must be skipped), principals naming forged pods (never a fallback), and organization
@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -28,13 +27,12 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
-from gateway_support import AGREEMENT, TopicTail, World, ds_policy, running_gateway
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).parent / "sql"))
-
-from sqlgw_support import (
+from dataplane_local.doubles.ds_connector import DsConnectorDouble
+from dataplane_testing.gateway import AGREEMENT, World, ds_policy, running_gateway
+from dataplane_testing.sqlgw import (
     FORGED_PODS,
     SCHEMA_A,
     SITE_UUIDS,
@@ -47,8 +45,7 @@ from sqlgw_support import (
     seed,
     statements,
 )
-
-from dataplane_local.doubles.ds_connector import DsConnectorDouble
+from dataplane_testing.topics import TopicTail
 from query_gateway.sql import MAX_LIMIT
 
 CATALOGUE = Path(__file__).with_name("oracle_catalogue.yaml")

@@ -1,15 +1,15 @@
 """Issue 12, idle cost: a gateway fetches plan replies only while a request is pending. Its reply
 partition is paused when nothing is pending and resumed before a request goes out, keeping its
 position, so a miss after an idle spell still gets its reply. Real broker and Redis; the
-resolver is the protocol double of gateway_support."""
+resolver is the protocol double of dataplane_testing.gateway."""
 
 from __future__ import annotations
 
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaProducer
-from gateway_support import FakeResolver, World
 
 from dataplane_contracts.plans import CallerIdentity, ClaimCheck
+from dataplane_testing.gateway import FakeResolver, World
 from query_gateway.plan_client import PlanClient
 
 

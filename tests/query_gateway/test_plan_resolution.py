@@ -13,9 +13,9 @@ import re
 from pathlib import Path
 
 import httpx
-from gateway_support import FakeResolver, World
 
 from dataplane_local import infra
+from dataplane_testing.gateway import FakeResolver, World
 
 
 async def query(
@@ -27,7 +27,7 @@ async def query(
 async def test_a_lookup_plan_is_resolved_once_then_served_from_the_cache(
     world: World, flushed: FakeResolver
 ) -> None:
-    from gateway_support import running_gateway
+    from dataplane_testing.gateway import running_gateway
 
     async with running_gateway(world.settings()) as client:
         token = world.user_token("user-1")
@@ -43,7 +43,7 @@ async def test_a_lookup_plan_is_resolved_once_then_served_from_the_cache(
 
 
 async def test_the_plan_request_carries_nothing_personal(world: World, flushed: FakeResolver) -> None:
-    from gateway_support import running_gateway
+    from dataplane_testing.gateway import running_gateway
 
     token = world.user_token("user-2")
     async with running_gateway(world.settings()) as client:
@@ -64,7 +64,7 @@ async def test_the_plan_request_carries_nothing_personal(world: World, flushed: 
 
 
 async def test_a_one_shot_plan_is_read_once(world: World, flushed: FakeResolver) -> None:
-    from gateway_support import running_gateway
+    from dataplane_testing.gateway import running_gateway
 
     flushed.mode = "one_shot"
     async with running_gateway(world.settings()) as client:
@@ -75,7 +75,7 @@ async def test_a_one_shot_plan_is_read_once(world: World, flushed: FakeResolver)
 
 
 async def test_identical_misses_in_flight_coalesce(world: World, flushed: FakeResolver) -> None:
-    from gateway_support import running_gateway
+    from dataplane_testing.gateway import running_gateway
 
     token = world.user_token("user-2")
     async with running_gateway(world.settings()) as client:
@@ -85,7 +85,7 @@ async def test_identical_misses_in_flight_coalesce(world: World, flushed: FakeRe
 
 
 async def test_a_resolver_error_is_503_row_filter_unavailable(world: World, flushed: FakeResolver) -> None:
-    from gateway_support import running_gateway
+    from dataplane_testing.gateway import running_gateway
 
     flushed.mode = "error"
     async with running_gateway(world.settings()) as client:
@@ -96,7 +96,7 @@ async def test_a_resolver_error_is_503_row_filter_unavailable(world: World, flus
 async def test_no_reply_before_the_deadline_is_503_never_no_filter(
     world: World, flushed: FakeResolver
 ) -> None:
-    from gateway_support import running_gateway
+    from dataplane_testing.gateway import running_gateway
 
     flushed.mode = "silent"
     async with running_gateway(world.settings(row_filters_resolve_timeout_ms=500)) as client:
@@ -106,7 +106,7 @@ async def test_no_reply_before_the_deadline_is_503_never_no_filter(
 
 
 async def test_the_gateway_is_ready_once_its_reply_partition_is_positioned(world: World) -> None:
-    from gateway_support import running_gateway
+    from dataplane_testing.gateway import running_gateway
 
     async with running_gateway(world.settings()) as client:
         r = await client.get("/readyz")
@@ -117,7 +117,7 @@ async def test_redis_down_is_503_row_filter_unavailable_never_no_filter(
     world: World, flushed: FakeResolver, tmp_path: Path
 ) -> None:
     """Error table: the plan cache tier unreachable fails closed, before anything is asked."""
-    from gateway_support import running_gateway
+    from dataplane_testing.gateway import running_gateway
 
     redis = infra.start_redis(tmp_path / "redis")
     try:

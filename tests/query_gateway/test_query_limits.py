@@ -24,9 +24,12 @@ import asyncpg
 import httpx
 import pytest
 import yaml
-from fault_support import coded
-from gateway_support import World, metric, running_gateway, scrape, scratch_database
 
+from dataplane_testing.databases import scratch_database
+from dataplane_testing.faults import coded
+from dataplane_testing.gateway import World, running_gateway
+from dataplane_testing.metrics import scrape
+from dataplane_testing.metrics import series as metric
 from query_gateway.sql import rules
 
 ROWS = 200_000

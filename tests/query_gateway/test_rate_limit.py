@@ -18,22 +18,16 @@ from typing import Any
 import httpx
 import pytest
 import redis.asyncio as aioredis
-from fault_support import coded, until
-from gateway_support import (
-    AGREEMENT,
-    CACHE_SECRET,
-    CATALOGUE,
-    World,
-    ds_policy,
-    metric,
-    running_gateway,
-    scrape,
-)
 
 from dataplane_contracts.catalogue import DatasetEntry, RateLimitSpec
 from dataplane_local import infra
 from dataplane_local.doubles.ds_connector import DsConnectorDouble
 from dataplane_local.procs import paused
+from dataplane_testing.faults import coded
+from dataplane_testing.gateway import AGREEMENT, CACHE_SECRET, CATALOGUE, World, ds_policy, running_gateway
+from dataplane_testing.metrics import scrape
+from dataplane_testing.metrics import series as metric
+from dataplane_testing.polling import wait_for
 from query_gateway.rate_limit import (
     BUCKET_SCRIPT,
     Limit,
@@ -241,6 +235,6 @@ async def test_gs14_redis_unreachable_refuses_limited_reads_503_and_serves_the_r
             async def served() -> bool:
                 return (await client.post("/query", json=LIMITED_SQL, headers=headers)).status_code == 200
 
-            await until(served, "served again once Redis answers", 30)
+            await wait_for(served, 30, "served again once Redis answers")
     finally:
         redis.stop()

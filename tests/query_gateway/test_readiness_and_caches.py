@@ -22,23 +22,23 @@ from typing import Any
 import httpx
 import pytest
 from aiokafka.errors import KafkaError
-from fault_support import TcpProxy, pipe
-from gateway_support import (
+
+from dataplane_contracts.topics import topic_specs
+from dataplane_local import infra
+from dataplane_local.doubles.oidc import start_oidc_issuer
+from dataplane_service_kit.topics_cli import create_topics
+from dataplane_testing.faults import TcpProxy, pipe
+from dataplane_testing.gateway import (
     AUDIENCE,
     CLIENT_ID,
     CLIENT_SECRET,
     FakeResolver,
     World,
     flush_plan_cache,
-    metric,
     running_gateway,
-    scrape,
 )
-
-from dataplane_contracts.topics import topic_specs
-from dataplane_local import infra
-from dataplane_local.doubles.oidc import start_oidc_issuer
-from dataplane_service_kit.topics_cli import create_topics
+from dataplane_testing.metrics import scrape
+from dataplane_testing.metrics import series as metric
 from query_gateway.app import create_app
 
 STARTING = {"status": "unready", "error": "not_ready", "failing": ["startup"]}

@@ -12,18 +12,19 @@ import asyncpg
 import httpx
 import pytest
 import yaml
-from gateway_support import AGREEMENT, CONSUMER, TopicTail, World, running_gateway
-from records_support import (
+
+from dataplane_local.doubles.ds_connector import DsConnectorDouble
+from dataplane_testing import signaling as signaling_support
+from dataplane_testing.gateway import AGREEMENT, CONSUMER, World, running_gateway
+from dataplane_testing.records import (
     CATALOGUE,
     CURSOR_SECRET,
     RecordsWorld,
     consent_policy,
     declaration,
     keys_of,
-    signaling_support,
 )
-
-from dataplane_local.doubles.ds_connector import DsConnectorDouble
+from dataplane_testing.topics import TopicTail
 from query_gateway.app import StartupRefused
 
 AMOUNT_GTE_LTE = {"amount": {"type": "number", "ops": ["gte", "lte"]}}

@@ -13,11 +13,11 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from fault_support import coded
-from gateway_support import World, running_gateway
-from records_support import CURSOR_SECRET, RecordsWorld, consent_policy, declaration, keys_of
 
 from dataplane_local.doubles.ds_connector import DsConnectorDouble
+from dataplane_testing.faults import coded
+from dataplane_testing.gateway import World, running_gateway
+from dataplane_testing.records import CURSOR_SECRET, RecordsWorld, consent_policy, declaration, keys_of
 
 MAX_ROWS = 2
 BURST = 4  # one token every 5 s after it: the test's reads are over well within that

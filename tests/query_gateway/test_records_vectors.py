@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from records_support import RecordsWorld, consent_policy, declaration
 
 from dataplane_local.doubles.ds_connector import DsConnectorDouble
+from dataplane_testing.records import RecordsWorld, consent_policy, declaration
 
 VECTORS = json.loads(Path(__file__).with_name("vectors").joinpath("client-range-filters.json").read_text())
 PULL_SQL = {"sql": "SELECT id FROM transactions ORDER BY id"}

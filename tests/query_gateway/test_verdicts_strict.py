@@ -7,10 +7,10 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_support import TopicTail, World, ds_policy
-from test_edr_path import authorize_answer, edr_query, refused
 
 from dataplane_local.doubles.ds_connector import DsConnectorDouble
+from dataplane_testing.gateway import World, authorize_answer, ds_policy, edr_query, refused
+from dataplane_testing.topics import TopicTail
 
 SKM = {"handler": "subject_key_match", "args": {"column": "pod", "key_type": "pod"}, "keys": ["pod:pod-1"]}
 

@@ -5,32 +5,22 @@ double, a control-plane double, the app driven in-process, and real `signaling` 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import sys
 import tempfile
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from dataplane_contracts.dps import DEFAULT_PULL_GRANT_ROLE
 from dataplane_contracts.topics import topic_specs
 from dataplane_local.doubles.control_plane import ControlPlaneDouble, start_control_plane
 from dataplane_local.doubles.oidc import OidcIssuer, start_oidc_issuer
 from dataplane_local.infra import free_port
 from dataplane_service_kit.logs import configure_logging
 from dataplane_service_kit.topics_cli import create_topics
-
-# tests import their helpers as `signaling_support` (--import-mode=importlib puts no test dir on sys.path)
-_spec = importlib.util.spec_from_file_location("signaling_support", Path(__file__).with_name("support.py"))
-assert _spec is not None and _spec.loader is not None
-support = importlib.util.module_from_spec(_spec)
-sys.modules["signaling_support"] = support
-_spec.loader.exec_module(support)
+from dataplane_testing import signaling as support
+from dataplane_testing.databases import create_database, drop_database
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -48,37 +38,18 @@ def signing_pem(signing_key: ec.EllipticCurvePrivateKey) -> str:
     return str(support.pem_of(signing_key))
 
 
-async def _admin(url: str, *statements: str) -> None:
-    conn = await asyncpg.connect(url)
-    try:
-        for s in statements:
-            await conn.execute(s)
-    finally:
-        await conn.close()
-
-
 @pytest.fixture(scope="session")
 async def pull_grant_role(postgres_url: str) -> str:
     """Roles are cluster-wide: created once per server, idempotently (as the operator would)."""
-    await _admin(
-        postgres_url,
-        f"""DO $$ BEGIN
-              IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{DEFAULT_PULL_GRANT_ROLE}') THEN
-                CREATE ROLE {DEFAULT_PULL_GRANT_ROLE} NOLOGIN;
-              END IF;
-            EXCEPTION WHEN duplicate_object THEN NULL; END $$""",
-    )
-    return DEFAULT_PULL_GRANT_ROLE
+    return await support.ensure_pull_grant_role(postgres_url)
 
 
 @pytest.fixture(scope="session")
 async def signaling_template(postgres_url: str, pull_grant_role: str) -> str:
-    name = f"signaling_tmpl_{uuid.uuid4().hex[:8]}"
-    await _admin(postgres_url, f'CREATE DATABASE "{name}"')
-    url = postgres_url.rpartition("/")[0] + f"/{name}"
+    url = await create_database(postgres_url, "signaling_tmpl_")
     done = await asyncio.to_thread(support.run_migrate, url, "upgrade", "head")
     assert done.returncode == 0, done.stderr
-    return name
+    return url.rpartition("/")[2]
 
 
 @pytest.fixture
@@ -89,14 +60,13 @@ async def new_flows_db(
     made: list[str] = []
 
     async def make() -> str:
-        name = f"t_sig_{uuid.uuid4().hex[:12]}"
-        await _admin(postgres_url, f'CREATE DATABASE "{name}" TEMPLATE "{signaling_template}"')
-        made.append(name)
-        return postgres_url.rpartition("/")[0] + f"/{name}"
+        url = await create_database(postgres_url, "t_sig_", template=signaling_template)
+        made.append(url)
+        return url
 
     yield make
-    for name in made:
-        await _admin(postgres_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    for url in made:
+        await drop_database(postgres_url, url)
 
 
 @pytest.fixture
@@ -163,9 +133,9 @@ def spawn_signaling() -> Iterator[Callable[..., Awaitable[Any]]]:
         p = support.launch(values, port, logdir / f"signaling-{port}.log")
         procs.append(p)
         if wait:
-            await support.wait_ready(p)
+            await p.wait_ready()
         return p
 
     yield spawn
     for p in procs:
-        p.terminate()
+        p.stop()

@@ -11,9 +11,9 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 from pydantic import ValidationError
-from signaling_support import FLOWS, auth, process_env, run_app, start_message
 
 from dataplane_service_kit.settings import describe_validation_error
+from dataplane_testing.signaling import FLOWS, auth, process_env, run_app, start_message
 from signaling.migrate import DatabaseNotAtHead
 from signaling.settings import Settings
 

@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
-from signaling_support import (
+
+from dataplane_local.doubles.oidc import OidcIssuer
+from dataplane_testing.signaling import (
     AUDIENCE,
     CP,
     FLOWS,
@@ -19,8 +21,6 @@ from signaling_support import (
     run_app,
     start_message,
 )
-
-from dataplane_local.doubles.oidc import OidcIssuer
 
 
 async def _start(app: Any, headers: dict[str, str], flow: str | None = None) -> Any:

@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from signaling_support import FLOWS, auth, new_id, start_message
+
+from dataplane_testing.signaling import FLOWS, auth, new_id, start_message
 
 SIGNALS = ["prepare", "start"]
 STATE = {"prepare": "PREPARED", "start": "STARTED"}

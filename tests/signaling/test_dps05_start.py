@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from signaling_support import FLOWS, auth, new_id, start_message, token_of
+from dataplane_testing.signaling import FLOWS, auth, new_id, start_message, token_of
 
 EDC = "https://w3id.org/edc/v0.0.1/ns/"
 

@@ -12,8 +12,8 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
-from signaling_support import FLOWS, auth, live_grants, new_id, run_app, start_message, token_of
 
+from dataplane_testing.signaling import FLOWS, auth, live_grants, new_id, run_app, start_message, token_of
 from signaling.tokens import public_key_pem
 
 

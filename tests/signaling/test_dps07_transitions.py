@@ -7,7 +7,8 @@ from typing import Any
 
 import jwt
 import pytest
-from signaling_support import (
+
+from dataplane_testing.signaling import (
     FLOWS,
     OTHER_CP,
     auth,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from signaling_support import FLOWS, auth, new_id, start_message
+from dataplane_testing.signaling import FLOWS, auth, new_id, start_message
 
 
 async def test_dps08_status_answers_id_and_state(signaling: Any, cp_token: Any) -> None:

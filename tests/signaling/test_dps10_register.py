@@ -10,11 +10,11 @@ from typing import Any
 
 import jwt
 import pytest
-from signaling_support import SERVICE_CLIENT, SERVICE_SECRET
 
 from dataplane_local.doubles.control_plane import ControlPlaneDouble, start_control_plane
 from dataplane_local.doubles.oidc import OidcIssuer
 from dataplane_local.timeouts import scaled
+from dataplane_testing.signaling import SERVICE_CLIENT, SERVICE_SECRET
 
 CP_SECRET = "cp-secret-never-printed"
 API_KEY = "edc-management-key-never-printed"

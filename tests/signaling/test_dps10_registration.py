@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from signaling_support import auth, run_app
+from dataplane_testing.signaling import auth, run_app
 
 
 async def test_dps10_the_registration_message_is_edc_shaped(signaling: Any, cp_token: Any) -> None:

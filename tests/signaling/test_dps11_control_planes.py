@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from signaling_support import OTHER_CP, auth, sql
+from dataplane_testing.signaling import OTHER_CP, auth, sql
 
 SECRET = "cp-client-secret-value"
 

@@ -8,13 +8,13 @@ from typing import Any
 import httpx
 import jwt
 import pytest
-from signaling_support import CP, FLOWS, SERVICE_CLIENT, SERVICE_SECRET, auth, new_id, start_message
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from dataplane_contracts.dps import DataFlowStatusMessage, FlowState
 from dataplane_local.doubles.oidc import OidcIssuer
 from dataplane_local.infra import free_port
 from dataplane_service_kit.oauth import ClientCredentialsToken
+from dataplane_testing.signaling import CP, FLOWS, SERVICE_CLIENT, SERVICE_SECRET, auth, new_id, start_message
 from signaling import repository
 from signaling.callbacks import CallbackFailed, ControlPlaneClient
 

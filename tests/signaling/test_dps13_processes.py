@@ -10,7 +10,8 @@ import httpx
 import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
-from signaling_support import (
+
+from dataplane_testing.signaling import (
     FLOWS,
     auth,
     events_for,
@@ -86,8 +87,8 @@ async def test_dps13_two_processes_share_flows_tokens_and_revocation(
         assert next(r for r in results if r.status_code == 409).json()["error"] == "flow_exists"
 
         # a restart keeps flows and the live token
-        a.terminate()
-        b.terminate()
+        a.stop()
+        b.stop()
         a2 = await spawn_signaling(base_settings)
         r = await http.get(f"{a2.url}{FLOWS}/{flow}/status", headers=h)
         assert r.json() == {"dataFlowId": flow, "state": "STARTED"}

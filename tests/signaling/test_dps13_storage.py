@@ -10,9 +10,9 @@ from typing import Any
 import asyncpg
 import jwt
 import pytest
-from signaling_support import FLOWS, auth, consumer_address, new_id, sql, start_message, token_of
 
 from dataplane_contracts.dps import PULL_GRANT_COLUMNS, PULL_GRANT_VIEW
+from dataplane_testing.signaling import FLOWS, auth, consumer_address, new_id, sql, start_message, token_of
 
 
 def _db(app: Any) -> str:

@@ -13,7 +13,11 @@ from typing import Any
 
 import jwt
 import pytest
-from signaling_support import (
+
+from dataplane_contracts.dps import DataFlowStatusMessage, FlowState
+from dataplane_local.doubles.control_plane import Callback, ControlPlaneDouble
+from dataplane_local.timeouts import scaled
+from dataplane_testing.signaling import (
     FLOWS,
     auth,
     events_for,
@@ -25,10 +29,6 @@ from signaling_support import (
     start_message,
     token_of,
 )
-
-from dataplane_contracts.dps import DataFlowStatusMessage, FlowState
-from dataplane_local.doubles.control_plane import Callback, ControlPlaneDouble
-from dataplane_local.timeouts import scaled
 
 FAST_RETRY = {"dps_callback_retry_first_seconds": 0.05, "dps_callback_retry_max_seconds": 0.2}
 

@@ -7,7 +7,8 @@ import asyncio
 from typing import Any
 
 from opentelemetry.sdk.trace import TracerProvider
-from signaling_support import (
+
+from dataplane_testing.signaling import (
     FLOWS,
     auth,
     consumer_address,

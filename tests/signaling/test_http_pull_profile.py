@@ -11,7 +11,8 @@ from typing import Any
 import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
-from signaling_support import FLOWS, auth, new_id, run_app, sql, start_message
+
+from dataplane_testing.signaling import FLOWS, auth, new_id, run_app, sql, start_message
 
 PROFILE = "https://w3id.org/dspace-sig/profile/http-pull"
 PROVIDER, CONSUMER = "did:web:provider.example", "did:web:consumer.example"

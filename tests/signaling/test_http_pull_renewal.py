@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -19,10 +19,10 @@ import httpx
 import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
-from signaling_support import FLOWS, auth, new_id, run_app, sql, start_message
 
-from dataplane_local.doubles.did_web import DidIdentity, DidWebHost, start_did_web_host
+from dataplane_local.doubles.did_web import DidIdentity, DidWebHost
 from dataplane_service_kit.errors import ServiceError
+from dataplane_testing.signaling import FLOWS, auth, new_id, run_app, sql, start_message
 from query_gateway.pull import PullVerifier, VerifiedPull
 from signaling.tokens import public_key_pem
 
@@ -30,13 +30,6 @@ PROFILE = "https://w3id.org/dspace-sig/profile/http-pull"
 PROVIDER = "did:web:provider.example"
 TOKEN = "/dps/token"
 TOKEN_COLUMNS = "token_id, refresh_hash, pending_token_id, pending_refresh_hash"
-
-
-@pytest.fixture
-def did_host() -> Iterator[DidWebHost]:
-    host, server = start_did_web_host()
-    yield host
-    server.stop()
 
 
 @pytest.fixture

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
-from signaling_support import FLOWS, auth, new_id, run_app, start_message
 
 from dataplane_contracts.dps import FlowState
+from dataplane_testing.signaling import FLOWS, auth, new_id, run_app, start_message
 
 
 async def _samples(app: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from signaling_support import run_migrate, sql
-
+from dataplane_testing.signaling import run_migrate, sql
 from signaling.migrate import head_revision
 
 OBJECTS = (

@@ -4,24 +4,16 @@ finds no 5xx and no answer outside what the document says."""
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import signaling_support as support
 
 from dataplane_local.doubles.server import RunningServer, serve_in_thread
+from dataplane_testing import openapi as conformance
+from dataplane_testing import signaling as support
 from signaling.app import create_app
 from signaling.settings import Settings
-
-_spec = importlib.util.spec_from_file_location(
-    "openapi_conformance", Path(__file__).parents[1] / "openapi_conformance.py"
-)
-assert _spec is not None and _spec.loader is not None
-conformance = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(conformance)
 
 
 @pytest.fixture

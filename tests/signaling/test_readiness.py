@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import asyncpg
-from signaling_support import run_app
+
+from dataplane_testing.signaling import run_app
 
 
 async def test_readyz_names_a_lost_database(base_settings: dict[str, Any], postgres_url: str) -> None:

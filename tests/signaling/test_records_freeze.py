@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from signaling_support import FLOWS, auth, live_grants, new_id, run_app, start_message
+from dataplane_testing.signaling import FLOWS, auth, live_grants, new_id, run_app, start_message
 
 PROFILE = "https://pdpp.dev/profiles/client-range-filters/0.1-experimental"
 CATALOGUE = """

@@ -8,7 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-import signaling_support as support
+
+from dataplane_testing import signaling as support
 
 BAD_TEXT = ["nul\x00inside", "lone \ud800 surrogate"]
 

@@ -1,20 +1,15 @@
-"""SQL-layer fixtures: a datasets database seeded with the tables of sqlgw_support, and a pool."""
+"""SQL-layer fixtures: a datasets database seeded with the tables of dataplane_testing.sqlgw, and a pool."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import asyncpg
 import pytest
 
+from dataplane_testing.sqlgw import CATALOGUE, SCHEMA_A, Db, seed
 from query_gateway.sql import QueryExecutor, load_column_types
 from query_gateway.sql.execute import datasets_pool
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from sqlgw_support import CATALOGUE, SCHEMA_A, Db, seed
 
 
 @pytest.fixture

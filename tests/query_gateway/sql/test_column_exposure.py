@@ -13,7 +13,11 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
-from exposure_support import (
+
+from dataplane_contracts.catalogue import Catalogue
+from dataplane_contracts.plans import Plan
+from dataplane_service_kit.errors import ServiceError
+from dataplane_testing.exposure import (
     DATASETS,
     EXPOSED,
     HIDDEN,
@@ -28,11 +32,7 @@ from exposure_support import (
     masked_sites,
     pseudonym,
 )
-from sqlgw_support import CATALOGUE, Db, Permit, multiset
-
-from dataplane_contracts.catalogue import Catalogue
-from dataplane_contracts.plans import Plan
-from dataplane_service_kit.errors import ServiceError
+from dataplane_testing.sqlgw import CATALOGUE, Db, Permit, multiset
 from query_gateway.sql import (
     CatalogueMismatch,
     NarrowedQuery,
@@ -181,7 +181,7 @@ async def test_the_pseudonym_is_keyed_per_deployment(db: Db) -> None:
 
 
 def masked_uuid(site_id: int) -> str:
-    from sqlgw_support import SITES
+    from dataplane_testing.sqlgw import SITES
 
     return next(u for s, u, _, _ in SITES if s == site_id)
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from sqlgw_support import CATALOGUE, Db
 
 from dataplane_contracts.catalogue import Catalogue
+from dataplane_testing.sqlgw import CATALOGUE, Db
 from query_gateway.sql import CatalogueMismatch, load_column_types
 from query_gateway.sql.columns import convert_values
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncpg
 import pytest
-from sqlgw_support import READINGS, Db, allow_all, pods
 
 from dataplane_service_kit.errors import ServiceError
+from dataplane_testing.sqlgw import READINGS, Db, allow_all, pods
 from query_gateway.sql import MAX_LIMIT, NarrowedQuery, QueryExecutor
 from query_gateway.sql.execute import datasets_pool
 from query_gateway.sql.pagination import page_and_count
@@ -150,8 +150,7 @@ QE04 = {
 
 @pytest.mark.parametrize("case", QE04)
 def test_qe04_outer_order_by(case: str) -> None:
-    from sqlgw_support import CATALOGUE
-
+    from dataplane_testing.sqlgw import CATALOGUE
     from query_gateway.sql import narrow_query, validate_query
 
     sql, order = QE04[case]

@@ -3,9 +3,8 @@ text asked again under different plans must answer each plan's own rows, never a
 
 from __future__ import annotations
 
-from sqlgw_support import Db, allow_all, pods
-
 from dataplane_contracts.plans import Plan
+from dataplane_testing.sqlgw import Db, allow_all, pods
 
 STATEMENT = "SELECT pod, count(*) AS n FROM readings GROUP BY pod ORDER BY pod"
 

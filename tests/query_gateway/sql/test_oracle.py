@@ -3,10 +3,10 @@
 statement runs through validate → narrow → execute on database A (all rows) and, verbatim, on
 database B holding only the permitted rows under the dataset ids' own names; the answers must be
 the same multiset. What B holds and which requests are denies is derived from the raw allow-lists
-alone (`Permit` in sqlgw_support), never from the gateway's own conversion: a touched dataset whose
+alone (`Permit` in dataplane_testing.sqlgw), never from the gateway's own conversion: a touched dataset whose
 allow-list keeps no value of its column's type is a deny, and a deny must answer nothing. The
 same model drives the oracle over the gateway's HTTP route (../test_oracle_http.py). Issue 15:
-the exposure oracle's B holds only the exposed columns of narrow.readings (exposure_support)."""
+the exposure oracle's B holds only the exposed columns of narrow.readings (dataplane_testing.exposure)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,13 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
-from exposure_support import DATASETS, EXPOSED, POSITIONS, WHOLE, exposed_database, load_exposed
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
-from sqlgw_support import (
+
+from dataplane_contracts.catalogue import Catalogue
+from dataplane_service_kit.errors import ServiceError
+from dataplane_testing.exposure import DATASETS, EXPOSED, POSITIONS, WHOLE, exposed_database, load_exposed
+from dataplane_testing.sqlgw import (
     CATALOGUE,
     SITE_UUIDS,
     Db,
@@ -30,9 +33,6 @@ from sqlgw_support import (
     raising_statements,
     statements,
 )
-
-from dataplane_contracts.catalogue import Catalogue
-from dataplane_service_kit.errors import ServiceError
 from query_gateway.sql import narrow_query, validate_query
 from query_gateway.sql.rows import jsonable
 

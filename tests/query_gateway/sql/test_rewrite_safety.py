@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from sqlgw_support import CATALOGUE, READINGS, Db, allow_all, pods
 
 from dataplane_contracts.catalogue import Catalogue
 from dataplane_contracts.plans import Plan
+from dataplane_testing.sqlgw import CATALOGUE, READINGS, Db, allow_all, pods
 from query_gateway.sql import load_column_types, narrow_query, validate_query
 
 POD1_SUM = sum(v for _, p, v, _ in READINGS if p == "pod-1")

@@ -7,9 +7,9 @@ import re
 
 import sqlglot
 from sqlglot import exp
-from sqlgw_support import METERS, READINGS, Db, allow_all, pods
 
 from dataplane_contracts.plans import Plan
+from dataplane_testing.sqlgw import METERS, READINGS, Db, allow_all, pods
 
 DENY_UNDER_CTE_AND_SUBQUERY = (
     "WITH x AS (SELECT * FROM readings) "

@@ -5,8 +5,8 @@ conversion once per column from the first row (issue 20, hot path); these tests 
 from __future__ import annotations
 
 import asyncpg
-from sqlgw_support import Db
 
+from dataplane_testing.sqlgw import Db
 from query_gateway.sql.rows import jsonable, page_items
 
 # one row per kind of value, NULL in the first row of half the columns, then values

@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import pytest
-from sqlgw_support import CATALOGUE
 
 from dataplane_contracts.catalogue import Catalogue
 from dataplane_service_kit.errors import ServiceError
+from dataplane_testing.sqlgw import CATALOGUE
 from query_gateway.sql import sql_shape, validate_query
 from query_gateway.sql.validate import analyse
 

@@ -5,10 +5,10 @@ subquery carrying its dataset's predicate; narrow_query refuses what it cannot p
 from __future__ import annotations
 
 import pytest
-from sqlgw_support import CATALOGUE, Db, allow_all, pods
 
 from dataplane_contracts.catalogue import Catalogue
 from dataplane_service_kit.errors import ServiceError
+from dataplane_testing.sqlgw import CATALOGUE, Db, allow_all, pods
 from query_gateway.sql import narrow_query, validate_query
 from query_gateway.sql.verify import verify_narrowed
 

@@ -1,8 +1,9 @@
 # ruff: noqa: E501 - SQL test data reads best on one line
 """Shared data and helpers of the SQL-layer tests: three small tables (one in another schema, its
 name in mixed case), their catalogue, plan builders, and a handle on a seeded database. Also the
-differential oracle's model, shared by the oracle over the SQL pipeline (sql/test_oracle.py) and
-the one over the gateway's HTTP route (test_oracle_http.py): the statements it generates, the
+differential oracle's model, shared by the oracle over the SQL pipeline
+(query_gateway/sql/test_oracle.py) and the one over the gateway's HTTP route
+(query_gateway/test_oracle_http.py): the statements it generates, the
 allow-lists of a request (`Permit`) with the rows they permit, and database B holding only those."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 
 from dataplane_contracts.catalogue import Catalogue
 from dataplane_contracts.plans import Plan
+from dataplane_testing.databases import scratch_connection
 from query_gateway.sql import (
     ColumnTypes,
     NarrowedQuery,
@@ -148,17 +150,8 @@ CREATE TABLE ops.sites (site_id integer PRIMARY KEY, site_uuid uuid NOT NULL, po
 @contextlib.asynccontextmanager
 async def permitted_database(postgres_url: str) -> AsyncIterator[asyncpg.Connection]:
     """Database B: the tables under the dataset ids' own names, empty until `load_permitted`."""
-    name = f"t_b_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(postgres_url)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    await admin.close()
-    conn = await asyncpg.connect(f"{postgres_url.rpartition('/')[0]}/{name}")
-    await conn.execute(SCHEMA_B)
-    yield conn
-    await conn.close()
-    admin = await asyncpg.connect(postgres_url)
-    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await admin.close()
+    async with scratch_connection(postgres_url, SCHEMA_B, "t_b_") as conn:
+        yield conn
 
 
 # The oracle's own reading of an allow-list value as its column's type, as canonical text: None

@@ -1,6 +1,7 @@
 # ruff: noqa: E501 - SQL test data reads best on one line
-"""Column exposure's model (issue 15), shared by the SQL-pipeline tests (sql/test_column_exposure.py)
-and the HTTP ones (../test_column_exposure_http.py): two datasets over sqlgw_support's tables —
+"""Column exposure's model (issue 15), shared by the SQL-pipeline tests
+(query_gateway/sql/test_column_exposure.py) and the HTTP ones
+(query_gateway/test_column_exposure_http.py): two datasets over `sqlgw`'s tables —
 `narrow.readings` exposing 2 of the 4 columns of public.readings while its row filters read the
 other two, and `masked.sites` masking two columns of energy."Sites" — database B holding only
 the exposed columns of the permitted rows, and a statement per position a column can be reached
@@ -11,12 +12,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
-from sqlgw_support import SITES, Permit
+
+from .databases import scratch_connection
+from .sqlgw import SITES, Permit
 
 MASK_KEY = "column-mask-key-for-tests-0123456789"
 
@@ -121,19 +123,8 @@ CREATE TABLE narrow.readings (id integer PRIMARY KEY, value integer NOT NULL);
 @contextlib.asynccontextmanager
 async def exposed_database(postgres_url: str) -> AsyncIterator[asyncpg.Connection]:
     """Database B: narrow.readings holding only the exposed columns, empty until loaded."""
-    name = f"t_x_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(postgres_url)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    await admin.close()
-    conn = await asyncpg.connect(f"{postgres_url.rpartition('/')[0]}/{name}")
-    await conn.execute(SCHEMA_B)
-    try:
+    async with scratch_connection(postgres_url, SCHEMA_B, "t_x_") as conn:
         yield conn
-    finally:
-        await conn.close()
-        admin = await asyncpg.connect(postgres_url)
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
 
 
 async def load_exposed(conn: asyncpg.Connection, permit: Permit) -> None:

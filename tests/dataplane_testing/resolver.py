@@ -1,16 +1,24 @@
-"""Helpers for the filter-resolver tests: the gateway's side of a claim check, settings, and a
-small HTTP double for `http_in_list` endpoints."""
+"""Support of the filter-resolver tests: the gateway's side of a claim check (in Redis, and over
+Kafka against real `filter-resolver` processes), settings, a small HTTP double for `http_in_list`
+endpoints and a bare TCP listener."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
 import socket
+import sys
 import threading
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
+from aiokafka import AIOKafkaProducer, ConsumerRecord
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from redis.asyncio import Redis
@@ -25,9 +33,11 @@ from dataplane_contracts.plans import (
     redis_one_shot_key,
     redis_plan_key,
 )
-from dataplane_contracts.topics import PLAN_REPLIES
-from dataplane_local.timeouts import scaled
+from dataplane_contracts.topics import PLAN_REPLIES, PLAN_REQUESTS, TopicSpec, topic_specs
 from filter_resolver.settings import Settings
+
+from .processes import ServiceProcess
+from .topics import assigned, follow
 
 SECRET = "filter-resolver-test-secret-0123456789"
 CLIENT_ID = "svc-filter-resolver"
@@ -174,21 +184,6 @@ class ListEndpoint:
         return app
 
 
-async def eventually(check: Any, timeout: float = 10.0, interval: float = 0.02) -> bool:
-    """Poll an async predicate until it holds (an external system's state; no fixed sleeps)."""
-    import asyncio
-
-    timeout = scaled(timeout)
-    deadline = time.monotonic() + timeout
-    for _ in range(int(timeout / interval) + 1):
-        if await check():
-            return True
-        if time.monotonic() >= deadline:
-            break
-        await asyncio.sleep(interval)
-    return bool(await check())
-
-
 # ---- a bare TCP listener: counts connection attempts where an HTTP double never sees a request --
 
 
@@ -249,3 +244,121 @@ def refused_port() -> tuple[Any, int]:
     sock.bind(("127.0.0.1", 0))  # bound, never listening: connect() gets ECONNREFUSED
     port: int = sock.getsockname()[1]
     return sock, port
+
+
+# ---- real processes in one consumer group, and the gateway's Kafka side ------------------------
+
+PARTITIONS = 6
+
+
+def module_topics(suffix: str) -> tuple[list[TopicSpec], str, str]:
+    """The contract's request and reply topics, renamed for this module so other folders' tests
+    on the same broker never meet them."""
+    by_name = {s.name: s for s in topic_specs()}
+    req, rep = f"{PLAN_REQUESTS}.test-{suffix}", f"{PLAN_REPLIES}.test-{suffix}"
+    specs = [
+        TopicSpec(req, PARTITIONS, by_name[PLAN_REQUESTS].config),
+        TopicSpec(rep, PARTITIONS, by_name[PLAN_REPLIES].config),
+    ]
+    return specs, req, rep
+
+
+def resolver_env(bootstrap: str, redis_url: str, request_topic: str, **more: str) -> dict[str, str]:
+    """A resolver process's settings on this broker, Redis and request topic; `more` adds
+    variables (REC_REGISTRY_URL=…)."""
+    return {
+        "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+        "KAFKA_FETCH_MAX_WAIT_MS": "10",
+        "KAFKA_ENABLE_IDEMPOTENCE": "false",
+        "REDIS_URL": redis_url,
+        "ROW_FILTERS_CACHE_KEY_SECRET": SECRET,
+        "PLAN_REQUESTS_TOPIC": request_topic,
+        **more,
+    }
+
+
+def start_resolver(env: dict[str, str], workdir: Path, name: str) -> ServiceProcess:
+    """A `filter-resolver` process (its log lines on stderr, in `workdir/NAME.stderr`)."""
+    script = Path(sys.executable).with_name("filter-resolver")
+    process = ServiceProcess(
+        [str(script)], {**os.environ, **env}, workdir / f"{name}.stderr", name, stdout_to_log=False
+    )
+    return process.start()
+
+
+@dataclass
+class Gateway:
+    """The gateway's side of the request/reply: publishes requests, collects every reply."""
+
+    bootstrap: str
+    request_topic: str
+    reply_topic: str
+    producer: AIOKafkaProducer | None = None
+    replies: dict[str, ConsumerRecord] = field(default_factory=dict)
+    _arrived: asyncio.Condition = field(default_factory=asyncio.Condition)
+    _task: asyncio.Task[None] | None = None
+    _clients: contextlib.AsyncExitStack = field(default_factory=contextlib.AsyncExitStack)
+
+    async def start(self) -> None:
+        self.producer = AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap, linger_ms=0, enable_idempotence=False
+        )
+        await self.producer.start()
+        replies = assigned(self.bootstrap, [self.reply_topic], partitions=range(PARTITIONS))
+        consumer, _ = await self._clients.enter_async_context(replies)
+        self._task = asyncio.create_task(follow(consumer, self._arrive))
+
+    async def _arrive(self, record: ConsumerRecord) -> None:
+        reply = PlanResolved.model_validate_json(record.value or b"")
+        async with self._arrived:
+            self.replies[reply.correlation_id] = record
+            self._arrived.notify_all()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self._clients.aclose()
+        if self.producer is not None:
+            await self.producer.stop()
+
+    async def send(self, request: PlanRequest, headers: list[tuple[str, bytes]] | None = None) -> None:
+        assert self.producer is not None
+        await self.producer.send_and_wait(
+            self.request_topic,
+            request.model_dump_json().encode(),
+            key=request.cache_key.encode(),
+            headers=[("correlation_id", request.correlation_id.encode()), *(headers or [])],
+        )
+
+    async def send_raw(self, value: bytes) -> None:
+        assert self.producer is not None
+        await self.producer.send_and_wait(self.request_topic, value)
+
+    async def reply(self, correlation_id: str, timeout: float = 20.0) -> ConsumerRecord:
+        async with asyncio.timeout(timeout), self._arrived:
+            await self._arrived.wait_for(lambda: correlation_id in self.replies)
+            return self.replies[correlation_id]
+
+    async def ask(self, request: PlanRequest) -> PlanResolved:
+        await self.send(request)
+        record = await self.reply(request.correlation_id)
+        return PlanResolved.model_validate_json(record.value or b"")
+
+
+@contextlib.asynccontextmanager
+async def gateway(bootstrap: str, request_topic: str, reply_topic: str) -> AsyncIterator[Gateway]:
+    gw = Gateway(bootstrap, request_topic, reply_topic)
+    await gw.start()
+    try:
+        yield gw
+    finally:
+        await gw.stop()
+
+
+def render(record: ConsumerRecord) -> str:
+    """Everything a record carries, as text, for leak checks."""
+    parts: list[Any] = [record.key or b"", record.value or b""]
+    parts += [k.encode() + b"=" + v for k, v in (record.headers or [])]
+    return "\n".join(p.decode(errors="replace") for p in parts)

@@ -1,11 +1,10 @@
 """Faults for the issue-18 tests (pausing a process: `dataplane_local.procs.paused`): TCP proxies,
-polls with a generous deadline, and a raw ASGI transport that shows a bare 500."""
+coded answers, and a raw ASGI transport that shows a bare 500."""
 
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any, Self
 
 import httpx
@@ -13,16 +12,6 @@ import httpx
 from dataplane_contracts.errors import ERROR_CODES, STATUS
 from dataplane_local.infra import free_port
 from dataplane_local.timeouts import scaled
-
-
-async def until(check: Callable[[], Awaitable[bool]], what: str, deadline_s: float = 30.0) -> None:
-    """Poll `check` until it holds; the deadline (scaled) only bounds a hang."""
-    end = time.monotonic() + scaled(deadline_s)
-    while time.monotonic() < end:
-        if await check():
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def coded(response: httpx.Response) -> tuple[int, str]:

@@ -1,7 +1,6 @@
 """Schemathesis against a served OpenAPI document: every operation, valid and invalid requests
 generated from the document, each answer checked — no 5xx, a documented status, content type,
-headers and body. Shared by the gateway's and signaling's tests (loaded by path: the test tree
-is not a package)."""
+headers and body. Shared by the gateway's and signaling's tests."""
 
 from __future__ import annotations
 

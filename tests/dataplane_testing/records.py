@@ -1,14 +1,12 @@
 """Support of the records API tests (docs/records.md): a datasets database of transactions, a
 flows database migrated by the real `signaling-migrate`, signaling running with its own copy of
 the catalogue (rewritten by a test to change the declaration after a flow started), and a DPS
-gateway reading both. Signaling's own helpers are reused from tests/signaling/support.py."""
+gateway reading both. Signaling's own helpers are reused from `dataplane_testing.signaling`."""
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -20,20 +18,12 @@ import httpx
 import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from gateway_support import AGREEMENT, CONSUMER, PROVIDER, World, ds_policy, running_gateway, scratch_database
 
-from dataplane_contracts.dps import DEFAULT_PULL_GRANT_ROLE
+from . import signaling as signaling_support
+from .databases import create_database, drop_database, scratch_database
+from .gateway import AGREEMENT, CONSUMER, PROVIDER, World, ds_policy, running_gateway
 
-_spec = importlib.util.spec_from_file_location(
-    "signaling_support", Path(__file__).parents[1] / "signaling" / "support.py"
-)
-assert _spec is not None and _spec.loader is not None
-signaling_support = sys.modules.get("signaling_support") or importlib.util.module_from_spec(_spec)
-if "signaling_support" not in sys.modules:
-    sys.modules["signaling_support"] = signaling_support
-    _spec.loader.exec_module(signaling_support)
-
-CATALOGUE = Path(__file__).with_name("records_catalogue.yaml")
+CATALOGUE = Path(__file__).parents[1] / "query_gateway" / "records_catalogue.yaml"
 CURSOR_SECRET = "records-cursor-secret-0123456789abcdef"
 PROFILE = "https://pdpp.dev/profiles/client-range-filters/0.1-experimental"
 
@@ -131,7 +121,7 @@ class RecordsWorld:
             await conn.close()
 
     async def records(
-        self, token: str, query: list[tuple[str, str]] | str = "", dataset: str = "transactions"
+        self, token: str, query: list[tuple[str, Any]] | str = "", dataset: str = "transactions"
     ) -> httpx.Response:
         return await self.gateway.get(
             f"/dps/public/streams/{dataset}/records",
@@ -154,15 +144,8 @@ def _public_pem(key: ec.EllipticCurvePrivateKey) -> str:
 
 
 async def _migrated_flows(postgres_url: str) -> str:
-    await signaling_support.sql(
-        postgres_url,
-        f"DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{DEFAULT_PULL_GRANT_ROLE}') THEN "
-        f"CREATE ROLE {DEFAULT_PULL_GRANT_ROLE} NOLOGIN; END IF; "
-        "EXCEPTION WHEN duplicate_object THEN NULL; END $$",
-    )
-    name = f"records_flows_{uuid.uuid4().hex[:10]}"
-    await signaling_support.sql(postgres_url, f'CREATE DATABASE "{name}"')
-    url = postgres_url.rpartition("/")[0] + f"/{name}"
+    await signaling_support.ensure_pull_grant_role(postgres_url)
+    url = await create_database(postgres_url, "records_flows_")
     done = signaling_support.run_migrate(url, "upgrade", "head")
     assert done.returncode == 0, done.stderr
     return url
@@ -198,8 +181,7 @@ async def records_world(world: World, postgres_url: str, directory: Path) -> Asy
                     gw, sig.client, flows_url, sig_catalogue, cp_token, datasets_url, _public_pem(key)
                 )
     finally:
-        name = flows_url.rpartition("/")[2]
-        await signaling_support.sql(postgres_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await drop_database(postgres_url, flows_url)
 
 
 def keys_of(response: httpx.Response) -> list[int]:

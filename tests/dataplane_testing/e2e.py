@@ -1,7 +1,6 @@
 """The running system for the end-to-end tests: the local stack (every service a real process, two
 gateway replicas, two resolvers, its OTLP receiver's span store), and small clients for the doubles and the
-broker. Imported as `e2e_support` (see conftest: --import-mode=importlib puts no test dir on
-sys.path)."""
+broker."""
 
 from __future__ import annotations
 
@@ -16,11 +15,14 @@ from typing import Any
 
 import httpx
 import yaml
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
 
 from dataplane_local.demo import DEMO_AGREEMENT, DEMO_CONSUMER, StackInfo
 from dataplane_local.stack import DEPLOY_LOCAL, Stack
 from dataplane_local.traces import StoredSpans
+
+from .polling import eventually
+from .topics import partitions_of
 
 # alice owns meters on these pods in deploy/local/rec-registry.yaml (the resolver's lookup answer)
 ALICE_USER_ID = "u-alice"
@@ -139,15 +141,25 @@ class System:
             if isinstance(c.get("body"), dict) and 200 <= c["status"] < 300 and c["body"].get("transfer_id")
         }
 
+    async def delivered(self, transfers: set[str], timeout: float = 60.0) -> set[str]:
+        """Which of these transfers' disclosures ds has accepted, once all of them are or the
+        (scaled) timeout has passed."""
+        got: set[str] = set()
+
+        async def all_delivered() -> bool:
+            nonlocal got
+            got = await self.audit_transfer_ids() & transfers
+            return got == transfers
+
+        await eventually(all_delivered, timeout, 0.25)
+        return got
+
     # ------------------------------------------------------------------------------ broker
     async def end_offset(self, topic: str) -> int:
         """Sum of the topic's end offsets: how many records were ever published to it."""
-        partitions = self.kafka.partitions_for_topic(topic)
-        if not partitions:
-            await self.kafka.topics()  # refresh the metadata once
-            partitions = self.kafka.partitions_for_topic(topic) or set()
+        partitions = await partitions_of(self.kafka, topic)
         assert partitions, f"topic {topic} has no partitions"
-        ends = await self.kafka.end_offsets([TopicPartition(topic, p) for p in sorted(partitions)])
+        ends = await self.kafka.end_offsets(partitions)
         return sum(ends.values())
 
 

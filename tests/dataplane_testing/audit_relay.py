@@ -7,32 +7,30 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
-import subprocess
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from fastapi import FastAPI, Request, Response
-from prometheus_client.parser import text_string_to_metric_families
 
 from dataplane_contracts.topics import TopicSpec
 from dataplane_local.doubles._common import Call
 from dataplane_local.doubles.ds_connector import DsConnectorDouble, create_app
 from dataplane_local.doubles.oidc import JWKS_PATH, OidcIssuer
 from dataplane_local.doubles.server import RunningServer, serve_in_thread
-from dataplane_local.infra import free_port
-from dataplane_local.procs import stop_process
-from dataplane_local.timeouts import scaled
-from dataplane_service_kit.topics_cli import create_topics
+
+from . import topics
+from .metrics import sample, total  # noqa: F401 - the tests read both as h.sample, h.total
+from .polling import wait_for
+from .processes import ServiceProcess
+from .topics import assigned, follow
 
 # murmur2 puts these two keys on different partitions of a 6-partition topic (tests assert it)
 PROVIDER_A = "did:web:provider-a.example"
@@ -106,80 +104,13 @@ class Connector:
         return [c.headers["idempotency-key"] for c in self.audit_calls(event_ids) if 200 <= c.status < 300]
 
 
-@dataclass
-class RelayProcess:
-    env: dict[str, str]
-    log_path: Path
-    http_url: str = ""
-    proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        port = free_port()
-        self.env["HTTP_PORT"] = str(port)
-        self.http_url = f"http://127.0.0.1:{port}"
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "audit_relay"], env=self.env, stdout=log, stderr=subprocess.STDOUT
-            )
-
-    def readyz(self) -> httpx.Response | None:
-        try:
-            return httpx.get(self.http_url + "/readyz", timeout=2.0)
-        except httpx.HTTPError:
-            return None
-
-    def metrics(self) -> str:
-        return httpx.get(self.http_url + "/metrics", timeout=2.0).text
-
-    async def wait_ready(self, timeout: float = 30.0) -> None:
-        async def ready() -> bool:
-            r = await asyncio.to_thread(self.readyz)
-            return r is not None and r.status_code == 200
-
-        await wait_for(ready, timeout, f"relay ready (log: {self.log_path})")
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop_process(self.proc)
+def relay_process(env: dict[str, str], log_path: Path) -> ServiceProcess:
+    """`python -m audit_relay` with this environment (not started); a restart appends to the log."""
+    argv = [sys.executable, "-m", "audit_relay"]
+    return ServiceProcess(argv, env, log_path, "relay", append=True, ready_timeout=30.0)
 
 
-async def wait_for(cond: Callable[[], Any], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + scaled(timeout)
-    while time.monotonic() < deadline:
-        result = cond()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def sample(metrics_text: str, name: str, **labels: str) -> float:
-    """One sample of the relay's /metrics (0 when absent: a labelled counter appears on first use)."""
-    for family in text_string_to_metric_families(metrics_text):
-        for s in family.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                return float(s.value)
-    return 0.0
-
-
-def total(metrics_text: str, name: str) -> float:
-    """A labelled counter summed over all its labels."""
-    return sum(
-        float(s.value)
-        for f in text_string_to_metric_families(metrics_text)
-        for s in f.samples
-        if s.name == name
-    )
-
-
-async def wait_counter(relay: RelayProcess, name: str, at_least: float, **labels: str) -> float:
+async def wait_counter(relay: ServiceProcess, name: str, at_least: float, **labels: str) -> float:
     """The counter once it reached `at_least`, so a caller can assert it did not go past it."""
     value = 0.0
 
@@ -201,7 +132,7 @@ class Harness:
     b: Connector
     issuer: OidcIssuer
     issuer_server: RunningServer
-    relay: RelayProcess
+    relay: ServiceProcess
     producer: AIOKafkaProducer
     # CONNECTOR_INTERNAL_URL of the shared relay, set alongside CONNECTOR_INTERNAL_URLS: it serves
     # only events that name no provider (docs/gateway.md, connector rules 2 and 3)
@@ -250,21 +181,14 @@ class Harness:
 async def read_dlq(
     bootstrap: str, topic: str, sink: list[dict[str, Any]], headers: list[dict[str, bytes]]
 ) -> None:
-    """Follow the DLQ by manual assignment (no group, no join pause)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, fetch_max_wait_ms=10)
-    await consumer.start()
-    try:
-        tp = TopicPartition(topic, 0)
-        consumer.assign([tp])
-        await consumer.seek_to_beginning(tp)
-        while True:
-            batch = await consumer.getmany(timeout_ms=200)
-            for records in batch.values():
-                for r in records:
-                    sink.append(json.loads(r.value))
-                    headers.append(dict(r.headers))
-    finally:
-        await consumer.stop()
+    """Follow the DLQ (partition 0) until cancelled."""
+
+    def take(record: Any) -> None:
+        sink.append(json.loads(record.value))
+        headers.append(dict(record.headers))
+
+    async with assigned(bootstrap, [topic], partitions=[0]) as (consumer, _):
+        await follow(consumer, take)
 
 
 def start_connector(provider: str, issuer: OidcIssuer) -> Connector:
@@ -277,7 +201,7 @@ def start_connector(provider: str, issuer: OidcIssuer) -> Connector:
 
 
 async def make_topics(bootstrap: str, topic: str, dlq_topic: str) -> None:
-    await create_topics(bootstrap, [TopicSpec(topic, PARTITIONS), TopicSpec(dlq_topic, 1)])
+    await topics.make_topics(bootstrap, [TopicSpec(topic, PARTITIONS), TopicSpec(dlq_topic, 1)])
 
 
 def relay_env(

@@ -1,12 +1,9 @@
-"""Helpers for the signaling tests (importable as `signaling_support`, registered by conftest):
+"""Support of the signaling tests (and of the gateway's records tests, which run signaling too):
 names of the test clients, message builders, the flow-events reader, the migrate runner, and
-`SignalingProcess` for running `signaling` as a real server process.
-
-Candidate for a shared `tests/support/` module: the process runner and topic reader are generic."""
+`launch` for running `signaling` as a real server process."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
@@ -20,15 +17,19 @@ from typing import Any
 
 import asyncpg
 import httpx
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import ConsumerRecord
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
+from dataplane_contracts.dps import DEFAULT_PULL_GRANT_ROLE
 from dataplane_contracts.topics import FLOW_EVENTS
-from dataplane_local.procs import stop_process
 from dataplane_local.timeouts import scaled
 from signaling.app import create_app
 from signaling.settings import Settings
+
+from .databases import admin
+from .processes import ServiceProcess
+from .topics import assigned, follow
 
 AUDIENCE = "svc-signaling"
 CP = "edc-control-plane"  # admitted
@@ -132,6 +133,20 @@ async def run_app(values: dict[str, Any]) -> AsyncIterator[Running]:
             yield Running(client, settings)
 
 
+async def ensure_pull_grant_role(server_url: str) -> str:
+    """The role the pull-grant view is granted to, created once per server (roles are
+    cluster-wide), idempotently as the operator would; its name."""
+    await admin(
+        server_url,
+        f"""DO $$ BEGIN
+              IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{DEFAULT_PULL_GRANT_ROLE}') THEN
+                CREATE ROLE {DEFAULT_PULL_GRANT_ROLE} NOLOGIN;
+              END IF;
+            EXCEPTION WHEN duplicate_object THEN NULL; END $$""",
+    )
+    return DEFAULT_PULL_GRANT_ROLE
+
+
 async def sql(url: str, query: str, *args: Any) -> list[asyncpg.Record]:
     conn = await asyncpg.connect(url)
     try:
@@ -163,35 +178,22 @@ def run_migrate(database_url: str, *args: str, role: str | None = None) -> subpr
 async def read_flow_events(
     bootstrap: str, until: Callable[[list[dict[str, Any]]], bool], timeout: float = 20.0
 ) -> list[dict[str, Any]]:
-    """Records of the flow-events topic from the beginning (no group: assign + seek), read until
-    `until(records)` holds or the timeout passes. Each: partition, key, value (parsed), headers."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, fetch_max_wait_ms=10)
-    await consumer.start()
+    """Records of the flow-events topic from the beginning, read until `until(records)` holds or
+    the timeout passes. Each: partition, key, value (parsed), headers."""
     records: list[dict[str, Any]] = []
-    try:
-        parts = consumer.partitions_for_topic(FLOW_EVENTS)
-        if not parts:
-            await consumer.topics()
-            parts = consumer.partitions_for_topic(FLOW_EVENTS) or set()
-        tps = [TopicPartition(FLOW_EVENTS, p) for p in sorted(parts)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while loop.time() < deadline and not until(records):
-            batch = await consumer.getmany(timeout_ms=200)
-            for tp, msgs in batch.items():
-                for m in msgs:
-                    records.append(
-                        {
-                            "partition": tp.partition,
-                            "key": m.key.decode() if m.key else None,
-                            "value": json.loads(m.value),
-                            "headers": dict(m.headers or []),
-                        }
-                    )
-    finally:
-        await consumer.stop()
+
+    def take(m: ConsumerRecord) -> None:
+        records.append(
+            {
+                "partition": m.partition,
+                "key": m.key.decode() if m.key else None,
+                "value": json.loads(m.value),
+                "headers": dict(m.headers or []),
+            }
+        )
+
+    async with assigned(bootstrap, [FLOW_EVENTS]) as (consumer, _):
+        await follow(consumer, take, stop=lambda: until(records), timeout=timeout)
     return records
 
 
@@ -200,25 +202,6 @@ def events_for(records: list[dict[str, Any]], flow_id: str) -> list[dict[str, An
 
 
 # ----------------------------------------------------------------------------- real processes
-
-
-@dataclass
-class SignalingProcess:
-    proc: subprocess.Popen[bytes]
-    url: str
-    log_path: Path
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def terminate(self) -> None:
-        stop_process(self.proc)
-
-    def kill(self) -> None:
-        """SIGKILL: no shutdown code runs (a crash)."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(5)
 
 
 def process_env(values: dict[str, Any], port: int) -> dict[str, str]:
@@ -236,29 +219,7 @@ def process_env(values: dict[str, Any], port: int) -> dict[str, str]:
     return env
 
 
-def launch(values: dict[str, Any], port: int, log_path: Path) -> SignalingProcess:
-    with log_path.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "signaling"],
-            env=process_env(values, port),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    return SignalingProcess(proc, f"http://127.0.0.1:{port}", log_path)
-
-
-async def wait_ready(p: SignalingProcess, timeout: float = 60.0) -> None:
-    loop = asyncio.get_running_loop()
-    timeout = scaled(timeout)
-    deadline = loop.time() + timeout
-    async with httpx.AsyncClient() as c:
-        while loop.time() < deadline:
-            if p.proc.poll() is not None:
-                raise RuntimeError(f"signaling exited with {p.proc.returncode}:\n{p.log()[-3000:]}")
-            try:
-                if (await c.get(p.url + "/readyz", timeout=2)).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            await asyncio.sleep(0.1)
-    raise RuntimeError(f"signaling not ready in {timeout}s:\n{p.log()[-3000:]}")
+def launch(values: dict[str, Any], port: int, log_path: Path) -> ServiceProcess:
+    """`python -m signaling` with these settings, on `port`."""
+    argv = [sys.executable, "-m", "signaling"]
+    return ServiceProcess(argv, process_env(values, port), log_path, "signaling").start(port)

@@ -1,5 +1,5 @@
-"""Support of the query-gateway tests, imported by conftest and the test modules: the test world
-(settings, tokens), the gateway driven in-process, and a topic tail."""
+"""Support of the query-gateway tests: the test world (settings, tokens), the gateway driven
+in-process, and a protocol double of the filter-resolver."""
 
 from __future__ import annotations
 
@@ -7,30 +7,30 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import asyncpg
 import httpx
 import jwt
 import redis.asyncio as aioredis
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from prometheus_client.parser import text_string_to_metric_families
 
 from dataplane_contracts.events import PlanRequest, PlanResolved
 from dataplane_contracts.plans import ClaimCheck, Plan, redis_claim_key, redis_one_shot_key, redis_plan_key
 from dataplane_contracts.topics import PLAN_REQUESTS
 from dataplane_local.doubles.ds_connector import DsConnectorDouble
 from dataplane_local.doubles.oidc import OidcIssuer
-from dataplane_local.timeouts import scaled
 from query_gateway.app import create_app
 from query_gateway.settings import GatewaySettings
 
-CATALOGUE = Path(__file__).with_name("catalogue.yaml")
+from .topics import assigned, follow
+
+CATALOGUE = Path(__file__).parents[1] / "query_gateway" / "catalogue.yaml"
 AUDIENCE = "svc-query-gateway"
 CLIENT_ID, CLIENT_SECRET = "query-gateway", "gateway-client-secret"
 PROVIDER = "did:web:provider.example"
@@ -112,23 +112,29 @@ PUBLIC_PEM = (
 )
 
 
-async def started_grant(flows_url: str, dataset: str = "stats") -> str:
-    """A STARTED flow's pull grant of the agreement between PROVIDER and CONSUMER; its token id."""
+async def grant(flows_url: str, state: str = "STARTED", **over: str) -> str:
+    """A flow's pull grant (by default a STARTED flow of the agreement between PROVIDER and
+    CONSUMER over `stats`; `over` replaces columns); its token id."""
     jti = str(uuid.uuid4())
+    row = {
+        "token_id": jti,
+        "flow_id": f"flow-{jti[:8]}",
+        "state": state,
+        "agreement_id": AGREEMENT,
+        "dataset_id": "stats",
+        "participant_id": PROVIDER,
+        "counter_party_id": CONSUMER,
+    }
+    row.update(over)
     conn = await asyncpg.connect(flows_url)
-    try:
-        await conn.execute(
-            "INSERT INTO dps_pull_grants VALUES ($1, $2, 'STARTED', $3, $4, $5, $6)",
-            jti,
-            f"flow-{jti[:8]}",
-            AGREEMENT,
-            dataset,
-            PROVIDER,
-            CONSUMER,
-        )
-    finally:
-        await conn.close()
+    await conn.execute("INSERT INTO dps_pull_grants VALUES ($1, $2, $3, $4, $5, $6, $7)", *row.values())
+    await conn.close()
     return jti
+
+
+async def started_grant(flows_url: str, dataset: str = "stats") -> str:
+    """A STARTED flow's pull grant over `dataset`; its token id."""
+    return await grant(flows_url, dataset_id=dataset)
 
 
 def pull_token(jti: str, aud: str = CONSUMER, iss: str = PROVIDER, key: Any = KEY) -> str:
@@ -144,25 +150,28 @@ PULL_GRANTS_DDL = (
 )
 
 
-@contextlib.asynccontextmanager
-async def scratch_database(postgres_url: str, schema: str) -> AsyncIterator[str]:
-    """A database of its own on the session's server, created with `schema`, dropped after."""
-    name = f"scratch_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(postgres_url)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    await admin.close()
-    url = f"{postgres_url.rpartition('/')[0]}/{name}"
-    try:
-        conn = await asyncpg.connect(url)
-        try:
-            await conn.execute(schema)
-        finally:
-            await conn.close()
-        yield url
-    finally:
-        admin = await asyncpg.connect(postgres_url)
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
+async def edr_query(
+    client: httpx.AsyncClient, world: World, sql: str, token: str | None = None, **headers: str
+) -> httpx.Response:
+    """`POST /query` on the EDR path, with an EDR of the agreement (or `token`)."""
+    h = {
+        "Authorization": f"Bearer {token or world.edr()}",
+        "Edc-Contract-Agreement-Id": AGREEMENT,
+        "Edc-Transfer-Process-Id": "tp-1",
+        "Edc-Purpose": " analytics, ,billing ",
+    }
+    h.update(headers)
+    return await client.post("/query", json={"sql": sql}, headers=h)
+
+
+def authorize_answer(datasets: list[dict[str, Any]], decision: str = "allow") -> dict[str, Any]:
+    """ds's answer to an authorize call, as a fault of the double returns it."""
+    return {"decision": decision, "datasets": datasets, "decision_ref": "f" * 64}
+
+
+def refused(response: httpx.Response, status: int, code: str) -> None:
+    assert response.status_code == status, response.text
+    assert response.json()["error"] == code
 
 
 @contextlib.asynccontextmanager
@@ -172,62 +181,6 @@ async def running_gateway(settings: GatewaySettings) -> AsyncIterator[httpx.Asyn
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
             yield client
-
-
-class TopicTail:
-    """Reads a topic from its current end on every partition (manual assignment, no group).
-
-    Only records created after the tail opened are returned: the local broker may report an end
-    offset just short of an event acknowledged a moment earlier, which would otherwise reach the
-    next test as if it had been published there."""
-
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        self._bootstrap, self._topic = bootstrap, topic
-        self._consumer: AIOKafkaConsumer | None = None
-        self._opened_ms = 0
-
-    async def __aenter__(self) -> TopicTail:
-        self._opened_ms = int(time.time() * 1000)  # producer CreateTime is wall-clock ms
-        consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, group_id=None, fetch_max_wait_ms=10)
-        await consumer.start()
-        partitions = consumer.partitions_for_topic(self._topic)
-        if not partitions:
-            await consumer._client.force_metadata_update()
-            partitions = consumer.partitions_for_topic(self._topic) or set()
-        tps = [TopicPartition(self._topic, p) for p in sorted(partitions)]
-        consumer.assign(tps)
-        await consumer.seek_to_end(*tps)
-        for tp in tps:
-            await consumer.position(tp)
-        self._consumer = consumer
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._consumer is not None
-        await self._consumer.stop()
-
-    def _fresh(self, batches: dict[Any, list[Any]]) -> list[Any]:
-        return [r for records in batches.values() for r in records if r.timestamp >= self._opened_ms]
-
-    async def read(self, count: int, timeout: float = 20.0) -> list[Any]:
-        return await self.read_where(count, lambda _r: True, timeout)
-
-    async def read_where(
-        self, count: int, predicate: Callable[[Any], bool], timeout: float = 20.0
-    ) -> list[Any]:
-        """The first `count` records that satisfy `predicate` (others on the topic are skipped)."""
-        assert self._consumer is not None
-        out: list[Any] = []
-        async with asyncio.timeout(scaled(timeout)):
-            while len(out) < count:
-                batches = await self._consumer.getmany(timeout_ms=200)
-                out.extend(r for r in self._fresh(batches) if predicate(r))
-        return out
-
-    async def quiet(self, wait: float = 0.5) -> list[Any]:
-        """Whatever arrives within `wait` seconds (used to prove nothing was published)."""
-        assert self._consumer is not None
-        return self._fresh(await self._consumer.getmany(timeout_ms=int(wait * 1000)))
 
 
 # ---------------------------------------------------------------------------- extended catalogue
@@ -274,22 +227,6 @@ def extended_catalogue(directory: Path) -> str:
     return str(path)
 
 
-# ---------------------------------------------------------------------------- metrics
-def metric(client_text: str, name: str, **labels: str) -> float:
-    """One sample of the Prometheus text; 0.0 when the labelled series does not exist yet."""
-    for family in text_string_to_metric_families(client_text):
-        for sample in family.samples:
-            if sample.name == name and sample.labels == labels:
-                return float(sample.value)
-    return 0.0
-
-
-async def scrape(client: httpx.AsyncClient) -> str:
-    response = await client.get("/metrics")
-    assert response.status_code == 200
-    return response.text
-
-
 # ---------------------------------------------------------------------------- resolver double
 # Whose pods a lookup handler finds: by the caller's username (self-service) or by each named
 # principal (delegated). A protocol double of the filter-resolver; the real one has its own tests.
@@ -321,19 +258,14 @@ async def fake_resolver(world: World) -> AsyncIterator[FakeResolver]:
     state = FakeResolver()
     redis = aioredis.from_url(world.redis_url)
     producer = AIOKafkaProducer(bootstrap_servers=world.kafka, enable_idempotence=False)
-    consumer = AIOKafkaConsumer(bootstrap_servers=world.kafka, group_id=None, fetch_max_wait_ms=10)
     await producer.start()
-    await consumer.start()
-    tps = [TopicPartition(PLAN_REQUESTS, p) for p in sorted(await producer.partitions_for(PLAN_REQUESTS))]
-    consumer.assign(tps)
-    await consumer.seek_to_end(*tps)
-    for tp in tps:
-        await consumer.position(tp)
 
     async def answer(raw: bytes) -> None:
         state.requests.append(raw)
         req = PlanRequest.model_validate_json(raw)
-        claim = ClaimCheck.model_validate_json(await redis.getdel(redis_claim_key(req.claim_check_id)))
+        claim = ClaimCheck.model_validate_json(
+            cast(bytes, await redis.getdel(redis_claim_key(req.claim_check_id)))
+        )
         state.claims.append(claim)
         if state.mode == "silent":
             return
@@ -363,21 +295,16 @@ async def fake_resolver(world: World) -> AsyncIterator[FakeResolver]:
             req.reply_topic, reply.model_dump_json().encode(), partition=req.reply_partition
         )
 
-    async def loop() -> None:
-        while True:
-            batches = await consumer.getmany(timeout_ms=200)
-            for records in batches.values():
-                for record in records:
-                    await answer(record.value)
-
-    task = asyncio.create_task(loop())
     try:
-        yield state
+        async with assigned(world.kafka, [PLAN_REQUESTS], from_end=True) as (consumer, _):
+            task = asyncio.create_task(follow(consumer, lambda record: answer(record.value)))
+            try:
+                yield state
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        await consumer.stop()
         await producer.stop()
         await redis.aclose()
 
