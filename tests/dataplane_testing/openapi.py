@@ -7,6 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 import schemathesis
+
+# schemathesis imports its OpenAPI loader lazily, on the first `from_url`; pytest rewrites that
+# module's source then, deep inside a running test, where Python 3.11.7's ast.parse can fail
+# ("AST constructor recursion depth mismatch", seen on a clean clone with no rewrite cache).
+# Importing it here does that work once, at collection, on a shallow stack.
+import schemathesis.specs.openapi.schemas
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis.checks import not_a_server_error
