@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from dataplane_contracts.catalogue import PURE_HANDLERS, REFUSES_DELEGATION, DatasetEntry
+from dataplane_contracts.catalogue import PURE_HANDLERS, REFUSES_DELEGATION, Binds, DatasetEntry
 from dataplane_contracts.ds import AuthorizeRequest, DataplaneRowFilter, DatasetVerdict, DecisionEnvelope
 from dataplane_contracts.events import DisclosureRecorded
 from dataplane_contracts.plans import Plan
@@ -216,9 +216,7 @@ async def _person_plan(gw: Gateway, j: _Judged, ctx: AccessContext, ttl: int | N
         principals=tuple(f.principals),  # delegated, even when empty (RF-05)
         keys=tuple(f.keys),
     )
-    if f.handler in PURE_HANDLERS:
-        return _derived_plan(j, "person", lambda: _checked(gw, j, apply_pure(req)))
-    return _checked(gw, j, await gw.layer_plan(j.entry, "person", req, ctx, ds_cache_ttl=ttl))
+    return await _layer_plan(gw, j, "person", req, ctx=ctx, ttl=ttl, from_ds=True)
 
 
 def _checked(gw: Gateway, j: _Judged, plan: Plan) -> Plan:
@@ -238,6 +236,25 @@ async def _organization_plan(gw: Gateway, j: _Judged, ctx: AccessContext, ttl: i
         caller=None,
         organizations=tuple(j.verdict.organizations or ()),  # none → no rows (GS-13)
     )
-    if spec.handler in PURE_HANDLERS:
-        return _derived_plan(j, "organization", lambda: apply_pure(req))
-    return await gw.layer_plan(j.entry, "organization", req, ctx, ds_cache_ttl=ttl)
+    return await _layer_plan(gw, j, "organization", req, ctx=ctx, ttl=ttl, from_ds=False)
+
+
+async def _layer_plan(
+    gw: Gateway,
+    j: _Judged,
+    layer: Binds,
+    req: LayerRequest,
+    *,
+    ctx: AccessContext,
+    ttl: int | None,
+    from_ds: bool,
+) -> Plan:
+    """One layer's plan: a pure handler's derived once per verdict, any other resolved. `from_ds`:
+    the filter (and so its column) came from ds's verdict, checked against the table."""
+
+    def checked(plan: Plan) -> Plan:
+        return _checked(gw, j, plan) if from_ds else plan
+
+    if req.handler in PURE_HANDLERS:
+        return _derived_plan(j, layer, lambda: checked(apply_pure(req)))
+    return checked(await gw.layer_plan(j.entry, layer, req, ctx, ds_cache_ttl=ttl))

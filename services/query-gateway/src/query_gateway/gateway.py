@@ -41,7 +41,6 @@ from query_gateway.sql import (
 from query_gateway.sql.execute import check_text
 from query_gateway.sql.exposure import MaskKey
 from query_gateway.sql.shape import shape_of
-from query_gateway.sql.validate import analyse
 
 log = get_logger("query_gateway.query")
 
@@ -137,8 +136,7 @@ class Gateway:
         q = await _off_loop_if_long(sql, validate_query, sql, self.catalogue)
         ctx.touched = list(q.dataset_ids)
         if _debug():
-            tree = analyse(sql, self.catalogue).tree  # the cached tree: no second parse
-            log.debug("query received", shape=shape_of(tree), datasets=list(q.dataset_ids))
+            log.debug("query received", shape=shape_of(q.tree), datasets=list(q.dataset_ids))
         return q
 
     # ------------------------------------------------------------------ plans

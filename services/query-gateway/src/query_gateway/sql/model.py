@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from dataplane_contracts.catalogue import Mask
+
+if TYPE_CHECKING:
+    from sqlglot import exp
 
 # physical table (as written in the catalogue) -> column -> PostgreSQL type name
 ColumnTypes = Mapping[str, Mapping[str, str]]
@@ -16,8 +20,13 @@ DEFAULT_LIMIT = 100
 
 @dataclass(frozen=True)
 class ValidatedQuery:
+    """A statement that passed validation, with its parse tree: the rewrite and the debug log
+    read the tree, so nothing parses the statement twice. The tree is shared by the validation
+    cache and never mutated (the rewrite works on a copy)."""
+
     text: str  # the statement as received
     dataset_ids: tuple[str, ...]  # catalogue dataset ids the statement touches, sorted, unique
+    tree: exp.Select = field(compare=False, repr=False)
 
 
 @dataclass(frozen=True)

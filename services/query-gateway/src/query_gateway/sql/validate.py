@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import re
 import threading
-from collections import OrderedDict
-from dataclasses import dataclass
 
 import sqlglot
 from sqlglot import exp
@@ -13,6 +11,7 @@ from sqlglot.errors import ParseError
 
 from dataplane_contracts.catalogue import Catalogue
 from dataplane_contracts.errors import ErrorCode
+from dataplane_service_kit.bounded_cache import BoundedCache
 from dataplane_service_kit.errors import ServiceError
 from query_gateway.sql import rules
 from query_gateway.sql.model import ValidatedQuery
@@ -36,14 +35,6 @@ _WRITES: tuple[type[exp.Expr], ...] = (
 )
 
 
-@dataclass(frozen=True)
-class Analysis:
-    """A statement that passed validation: its tree is shared by the cache and never mutated."""
-
-    validated: ValidatedQuery
-    tree: exp.Select
-
-
 class _Refusal(Exception):
     def __init__(self, code: ErrorCode, detail: str) -> None:
         super().__init__(detail)
@@ -51,22 +42,21 @@ class _Refusal(Exception):
         self.detail = detail
 
 
-_cache: OrderedDict[tuple[str, int], tuple[Catalogue, Analysis | _Refusal]] = OrderedDict()
+_cache: BoundedCache[tuple[str, int], tuple[Catalogue, ValidatedQuery | _Refusal]] = BoundedCache(CACHE_SIZE)
 _cache_lock = threading.Lock()  # the app may validate from a worker thread
 
 
 def validate_query(sql: str, catalogue: Catalogue) -> ValidatedQuery:
     """docs/gateway.md, "SQL rules"; raises ServiceError sql_refused / unknown_dataset / ambiguous_dataset."""
-    return analyse(sql, catalogue).validated
+    return analyse(sql, catalogue)
 
 
-def analyse(sql: str, catalogue: Catalogue) -> Analysis:
+def analyse(sql: str, catalogue: Catalogue) -> ValidatedQuery:
+    """`validate_query`, the same object for the same text and catalogue while it is cached."""
     key = (sql, id(catalogue))
     with _cache_lock:
         hit = _cache.get(key)
-        # the entry holds the catalogue itself, so its id cannot be reused while the entry lives
-        if hit is not None and hit[0] is catalogue:
-            _cache.move_to_end(key)
+    # the entry holds the catalogue itself, so its id cannot be reused while the entry lives
     if hit is not None and hit[0] is catalogue:
         outcome = hit[1]
     else:
@@ -75,9 +65,7 @@ def analyse(sql: str, catalogue: Catalogue) -> Analysis:
         except _Refusal as refusal:
             outcome = refusal
         with _cache_lock:
-            _cache[key] = (catalogue, outcome)
-            while len(_cache) > CACHE_SIZE:
-                _cache.popitem(last=False)
+            _cache.put(key, (catalogue, outcome))
     if isinstance(outcome, _Refusal):
         raise ServiceError(outcome.code, outcome.detail)
     return outcome
@@ -87,7 +75,7 @@ def _refuse(detail: str) -> _Refusal:
     return _Refusal("sql_refused", detail)
 
 
-def _analyse(sql: str, catalogue: Catalogue) -> Analysis:
+def _analyse(sql: str, catalogue: Catalogue) -> ValidatedQuery:
     if not sql or not sql.strip():
         raise _refuse("Empty SQL query")
     body = re.sub(r"[\s;]+$", "", sql)
@@ -102,7 +90,7 @@ def _analyse(sql: str, catalogue: Catalogue) -> Analysis:
     for node in root.walk():
         _check_node(node)
     ids = _resolve_all(root, catalogue)
-    return Analysis(ValidatedQuery(text=sql, dataset_ids=ids), root)
+    return ValidatedQuery(text=sql, dataset_ids=ids, tree=root)
 
 
 def _parse(body: str) -> exp.Select:
