@@ -211,3 +211,18 @@ def test_validated_shape_cache_is_bounded() -> None:
     for n in range(1, CACHE_SIZE + 1):
         analyse(f"SELECT id FROM readings WHERE value = {n}", CATALOGUE)
     assert analyse("SELECT id FROM readings WHERE value = 0", CATALOGUE) is not first
+
+
+def test_a_statement_is_narrowed_only_against_the_catalogue_it_was_validated_with() -> None:
+    """The validated query carries the catalogue its names were resolved against: a catalogue read
+    again since (another object, even an equal one) does not narrow it (sql_refused)."""
+    from dataplane_testing.sqlgw import allow_all
+    from query_gateway.sql import narrow_query
+
+    q = validate_query("SELECT pod FROM readings", CATALOGUE)
+    again = Catalogue.model_validate(CATALOGUE.model_dump())
+    columns = {"public.readings": {"id": "integer", "pod": "text", "value": "integer", "org": "text"}}
+    assert narrow_query(q, CATALOGUE, allow_all(), columns).sql
+    with pytest.raises(ServiceError) as refused:
+        narrow_query(q, again, allow_all(), columns)
+    assert (refused.value.code, refused.value.detail) == ("sql_refused", "statement does not match its validation")

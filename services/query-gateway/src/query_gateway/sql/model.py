@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from dataplane_contracts.catalogue import Mask
+from dataplane_contracts.catalogue import Catalogue, Mask
 
 if TYPE_CHECKING:
     from sqlglot import exp
@@ -27,6 +27,8 @@ class ValidatedQuery:
     text: str  # the statement as received
     dataset_ids: tuple[str, ...]  # catalogue dataset ids the statement touches, sorted, unique
     tree: exp.Select = field(compare=False, repr=False)
+    # the catalogue the names were resolved against: the rewrite refuses to narrow with another
+    catalogue: Catalogue = field(compare=False, repr=False)
 
 
 @dataclass(frozen=True)

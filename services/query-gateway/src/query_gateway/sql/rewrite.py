@@ -155,6 +155,9 @@ def _rewrite(
     q: ValidatedQuery, catalogue: Catalogue, columns: ColumnTypes, denied: bool, shape: NarrowShape
 ) -> _Rewritten:
     """The narrowed statement for one shape, proven on a fresh parse, and its outer ORDER BY."""
+    if q.catalogue is not catalogue:
+        # its names were resolved against another catalogue (one read again since): not this one's
+        raise ServiceError("sql_refused", "statement does not match its validation")
     check_references(q.tree, catalogue, columns)  # on the caller's tree: its names
     entries = catalogue.by_id()
     n_params = 0

@@ -90,7 +90,7 @@ def _analyse(sql: str, catalogue: Catalogue) -> ValidatedQuery:
     for node in root.walk():
         _check_node(node)
     ids = _resolve_all(root, catalogue)
-    return ValidatedQuery(text=sql, dataset_ids=ids, tree=root)
+    return ValidatedQuery(text=sql, dataset_ids=ids, tree=root, catalogue=catalogue)
 
 
 def _parse(body: str) -> exp.Select:
