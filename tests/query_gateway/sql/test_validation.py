@@ -225,4 +225,7 @@ def test_a_statement_is_narrowed_only_against_the_catalogue_it_was_validated_wit
     assert narrow_query(q, CATALOGUE, allow_all(), columns).sql
     with pytest.raises(ServiceError) as refused:
         narrow_query(q, again, allow_all(), columns)
-    assert (refused.value.code, refused.value.detail) == ("sql_refused", "statement does not match its validation")
+    assert (refused.value.code, refused.value.detail) == (
+        "sql_refused",
+        "statement does not match its validation",
+    )
