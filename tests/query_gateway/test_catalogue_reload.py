@@ -24,7 +24,7 @@ from dataplane_local.timeouts import scaled
 from dataplane_testing.gateway import CATALOGUE, World
 from dataplane_testing.metrics import series as metric
 from query_gateway.app import StartupRefused, create_app
-from query_gateway.catalogue_file import unknown_handlers
+from query_gateway.catalogue.load import unknown_handlers
 from query_gateway.settings import GatewaySettings
 
 STATS = {"sql": "SELECT id FROM stats ORDER BY id"}

@@ -37,7 +37,7 @@ from dataplane_testing.gateway import (
 from dataplane_testing.metrics import scrape
 from dataplane_testing.metrics import series as metric
 from dataplane_testing.topics import TopicTail
-from query_gateway.decision_cache import DecisionKey, DsDecisionCache, decision_key
+from query_gateway.clients.decision_cache import DecisionKey, DsDecisionCache, decision_key
 
 HITS = "query_gateway_ds_decision_cache_hits_total"
 MISSES = "query_gateway_ds_decision_cache_misses_total"

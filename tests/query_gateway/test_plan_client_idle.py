@@ -10,7 +10,7 @@ from aiokafka import AIOKafkaProducer
 
 from dataplane_contracts.plans import CallerIdentity, ClaimCheck
 from dataplane_testing.gateway import FakeResolver, World
-from query_gateway.plan_client import PlanClient
+from query_gateway.clients.plan_client import PlanClient
 
 
 def lookup(username: str) -> ClaimCheck:

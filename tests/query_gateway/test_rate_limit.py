@@ -28,7 +28,7 @@ from dataplane_testing.gateway import AGREEMENT, CACHE_SECRET, CATALOGUE, World,
 from dataplane_testing.metrics import scrape
 from dataplane_testing.metrics import series as metric
 from dataplane_testing.polling import wait_for
-from query_gateway.rate_limit import (
+from query_gateway.clients.rate_limit import (
     BUCKET_SCRIPT,
     Limit,
     RateLimiter,

@@ -1,4 +1,4 @@
-"""The verified-token memo (query_gateway.verified) changes no outcome: a memoised bearer is never
+"""The verified-token memo (query_gateway.clients.verified) changes no outcome: a memoised bearer is never
 served at or after its exp, nor once the key that verified it has left the key set; `exp` is read
 as PyJWT reads it. The same for an EDR token and its ds key set."""
 
@@ -16,9 +16,9 @@ from jwt.algorithms import ECAlgorithm
 
 from dataplane_service_kit.errors import ServiceError
 from dataplane_service_kit.oauth import ClientCredentialsToken
-from query_gateway import verified
-from query_gateway.identity import OidcVerifier
-from query_gateway.verified import VerifiedTokens, exp_of, memoisable
+from query_gateway.clients import verified
+from query_gateway.clients.identity import OidcVerifier
+from query_gateway.clients.verified import VerifiedTokens, exp_of, memoisable
 
 ISSUER = "https://issuer.test/realms/x"
 AUDIENCE = "dataplane"
@@ -143,7 +143,7 @@ class Connector:
 
 
 async def test_a_memoised_edr_token_is_refused_once_its_key_left_the_set() -> None:
-    from query_gateway.connector import ConnectorClient
+    from query_gateway.clients.connector import ConnectorClient
     from query_gateway.settings import GatewaySettings
 
     ds = Connector()

@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from dataplane_local.doubles.did_web import DidIdentity, DidWebHost
 from dataplane_service_kit.errors import ServiceError
 from dataplane_testing.signaling import FLOWS, auth, new_id, run_app, sql, start_message
-from query_gateway.pull import PullVerifier, VerifiedPull
+from query_gateway.clients.pull import PullVerifier, VerifiedPull
 from signaling.tokens import public_key_pem
 
 PROFILE = "https://w3id.org/dspace-sig/profile/http-pull"

@@ -14,7 +14,7 @@ import pytest
 
 from dataplane_contracts.catalogue import Catalogue
 from dataplane_contracts.plans import Plan
-from query_gateway.layers import LayerRequest, apply_pure
+from query_gateway.rules.layers import LayerRequest, apply_pure
 from query_gateway.sql import NarrowedQuery, QueryExecutor, load_column_types, narrow_query, validate_query
 
 N = 50_000

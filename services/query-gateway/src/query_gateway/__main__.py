@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from query_gateway.early_signals import remember_early_reloads
+from query_gateway.catalogue.early_signals import remember_early_reloads
 
 
 def main() -> None:

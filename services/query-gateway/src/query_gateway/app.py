@@ -25,20 +25,20 @@ from dataplane_service_kit.openapi import distribution_version, openapi_document
 from dataplane_service_kit.readiness import CachedProbe
 from dataplane_service_kit.request_durations import RequestDurations
 from dataplane_service_kit.telemetry import FASTAPI_TELEMETRY, ServerSpans
-from query_gateway.catalogue_file import CatalogueRefused, check_catalogue, parse_catalogue
-from query_gateway.connector import ConnectorClient, connector_http, service_tokens
-from query_gateway.disclosure import DisclosurePublisher
+from query_gateway.catalogue.load import CatalogueRefused, check_catalogue, parse_catalogue
+from query_gateway.catalogue.reload import watch_catalogue
+from query_gateway.clients.connector import ConnectorClient, connector_http, service_tokens
+from query_gateway.clients.disclosure import DisclosurePublisher
+from query_gateway.clients.identity import OidcVerifier
+from query_gateway.clients.plan_client import PlanClient
+from query_gateway.clients.pull import PullVerifier
+from query_gateway.clients.pull import flows_pool as flows_pool_of
+from query_gateway.clients.rate_limit import RateLimiter, default_limit
 from query_gateway.gateway import Gateway, QueryBody
-from query_gateway.identity import OidcVerifier
 from query_gateway.metrics import REQUEST_DURATION
-from query_gateway.plan_client import PlanClient
-from query_gateway.pull import PullVerifier
-from query_gateway.pull import flows_pool as flows_pool_of
-from query_gateway.rate_limit import RateLimiter, default_limit
 from query_gateway.records.cursor import CursorCodec
 from query_gateway.records.routes import install_profile_errors, records_router
 from query_gateway.records.startup import records_declared
-from query_gateway.reload import watch_catalogue
 from query_gateway.routes import QueryRoutes, body_refusals, dps_router, query_router
 from query_gateway.settings import GatewaySettings
 from query_gateway.sql import QueryExecutor

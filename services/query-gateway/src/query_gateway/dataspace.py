@@ -17,8 +17,8 @@ from dataplane_contracts.plans import Plan
 from dataplane_service_kit.errors import ServiceError
 from query_gateway.access_log import AccessContext
 from query_gateway.gateway import Gateway, QueryBody, page_body
-from query_gateway.layers import LayerRequest, apply_pure
-from query_gateway.policy import check_available, is_allow_all
+from query_gateway.rules.layers import LayerRequest, apply_pure
+from query_gateway.rules.policy import check_available, is_allow_all
 from query_gateway.sql import NarrowedQuery, ValidatedQuery
 
 

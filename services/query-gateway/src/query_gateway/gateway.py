@@ -18,14 +18,14 @@ from dataplane_contracts.plans import CallerIdentity, ClaimCheck, Plan
 from dataplane_service_kit.errors import ServiceError
 from dataplane_service_kit.logs import get_logger
 from query_gateway.access_log import AccessContext
-from query_gateway.connector import ConnectorClient
-from query_gateway.disclosure import DisclosurePublisher
-from query_gateway.identity import OidcVerifier
-from query_gateway.layers import LayerRequest, apply_pure
-from query_gateway.plan_client import PlanClient
-from query_gateway.policy import needs_caller
-from query_gateway.pull import PullVerifier
-from query_gateway.rate_limit import RateLimiter
+from query_gateway.clients.connector import ConnectorClient
+from query_gateway.clients.disclosure import DisclosurePublisher
+from query_gateway.clients.identity import OidcVerifier
+from query_gateway.clients.plan_client import PlanClient
+from query_gateway.clients.pull import PullVerifier
+from query_gateway.clients.rate_limit import RateLimiter
+from query_gateway.rules.layers import LayerRequest, apply_pure
+from query_gateway.rules.policy import needs_caller
 from query_gateway.settings import GatewaySettings
 from query_gateway.sql import (
     DEFAULT_LIMIT,

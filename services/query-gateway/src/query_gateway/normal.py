@@ -7,10 +7,10 @@ from dataplane_contracts.catalogue import Binds
 from dataplane_contracts.plans import Plan
 from dataplane_service_kit.errors import ServiceError
 from query_gateway.access_log import AccessContext
+from query_gateway.clients.identity import Caller
 from query_gateway.gateway import Gateway, QueryBody
-from query_gateway.identity import Caller
-from query_gateway.layers import LayerRequest
-from query_gateway.policy import check_available, check_layers_declared, check_policy, needs_caller
+from query_gateway.rules.layers import LayerRequest
+from query_gateway.rules.policy import check_available, check_layers_declared, check_policy, needs_caller
 from query_gateway.sql import NarrowedQuery
 
 LAYERS: tuple[Binds, Binds] = ("person", "organization")

@@ -36,10 +36,10 @@ from dataplane_service_kit.request_ids import HEADER, from_scope, request_id, wi
 from dataplane_service_kit.telemetry import ServerSpans, answered
 from query_gateway import openapi as api
 from query_gateway.access_log import QUERY_ACTION, TOKEN_ACTION, AccessContext
-from query_gateway.connector import resolve_connector
+from query_gateway.clients.connector import resolve_connector
+from query_gateway.clients.identity import Caller
 from query_gateway.dataspace import DataspaceRequest, parse_purpose, run_dataspace
 from query_gateway.gateway import Gateway, QueryBody
-from query_gateway.identity import Caller
 from query_gateway.metrics import REQUEST_DURATION, REQUESTS
 from query_gateway.normal import explain_normal, run_normal
 from query_gateway.records.frozen import frozen_of

@@ -61,7 +61,7 @@ class GatewaySettings(
     database_command_timeout_ms: int | None = Field(default=None, ge=1)
     # the whole DPS pull-grant read (acquire, read, release)
     dps_grant_timeout_ms: int = Field(default=2_000, ge=1)
-    # ds's answers reused for the ttl ds sends with each (query_gateway.decision_cache)
+    # ds's answers reused for the ttl ds sends with each (query_gateway.clients.decision_cache)
     ds_decision_cache_enabled: bool = True
     ds_decision_cache_maxsize: int = Field(default=10_000, ge=1)
     # the per-deployment key of the catalogue's `hash` column masks (sql/exposure.py); required

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataplane_contracts.catalogue import DatasetEntry
 from dataplane_contracts.records import RANGE_OPS, FrozenField, FrozenSetInvalid, read_frozen
 from dataplane_service_kit.errors import ServiceError
-from query_gateway.pull import VerifiedPull
+from query_gateway.clients.pull import VerifiedPull
 from query_gateway.records.request import RecordsQuery, RequestRefused
 from query_gateway.records.startup import FITTING
 from query_gateway.records.values import Bound, bound

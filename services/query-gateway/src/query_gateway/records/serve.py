@@ -11,10 +11,10 @@ from sqlglot import exp
 
 from dataplane_service_kit.errors import ServiceError
 from query_gateway.access_log import AccessContext
-from query_gateway.connector import resolve_connector
+from query_gateway.clients.connector import resolve_connector
+from query_gateway.clients.pull import VerifiedPull
 from query_gateway.dataspace import DataspaceRequest, narrow_for_dataspace, parse_purpose
 from query_gateway.gateway import Gateway, QueryBody
-from query_gateway.pull import VerifiedPull
 from query_gateway.records.cursor import CursorCodec, filter_set_digest
 from query_gateway.records.frozen import bounds_of, check_evaluable, frozen_of, metadata_of
 from query_gateway.records.request import parse_records_query, refuse_any_parameter

@@ -19,8 +19,8 @@ import asyncpg
 from prometheus_client import Counter, Gauge
 
 from dataplane_service_kit.logs import get_logger
-from query_gateway.catalogue_file import CatalogueRefused, CheckedCatalogue, check_catalogue
-from query_gateway.early_signals import take_early_reload
+from query_gateway.catalogue.early_signals import take_early_reload
+from query_gateway.catalogue.load import CatalogueRefused, CheckedCatalogue, check_catalogue
 from query_gateway.gateway import Gateway
 
 log = get_logger("query_gateway.catalogue")

@@ -1,6 +1,6 @@
 """The ds connector as the gateway calls it (docs/gateway.md, docs/wire-contracts.md): the service's
 client-credentials token, connector resolution, the EDR key set per connector, and the one authorize
-call (its answer reused for the ttl ds gives it, query_gateway.decision_cache)."""
+call (its answer reused for the ttl ds gives it, query_gateway.clients.decision_cache)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from dataplane_service_kit.errors import ServiceError
 from dataplane_service_kit.jwks import KeySet, KeySetUnavailable, NoUsableKey
 from dataplane_service_kit.logs import get_logger
 from dataplane_service_kit.oauth import ClientCredentialsToken, TokenUnavailable
-from query_gateway.decision_cache import DsDecisionCache, decision_key
+from query_gateway.clients.decision_cache import DsDecisionCache, decision_key
+from query_gateway.clients.verified import VerifiedTokens, exp_of, memoisable
 from query_gateway.settings import GatewaySettings
-from query_gateway.verified import VerifiedTokens, exp_of, memoisable
 
 log = get_logger("query_gateway.connector")
 _EDR_ALGORITHMS = ["ES256", "RS256"]

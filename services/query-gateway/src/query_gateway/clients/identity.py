@@ -1,6 +1,6 @@
 """The normal path's caller: an OIDC bearer verified against the issuer's JWKS (docs/gateway.md,
 "Key sets"), normalised as docs/gateway.md, "Identity". A bearer that verified is
-memoised until its `exp` while its key stays in the set (query_gateway.verified)."""
+memoised until its `exp` while its key stays in the set (query_gateway.clients.verified)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from dataplane_contracts.ds import Organization
 from dataplane_contracts.plans import CallerIdentity
 from dataplane_service_kit.errors import ServiceError
 from dataplane_service_kit.jwks import KeySet, KeySetUnavailable
+from query_gateway.clients.verified import VerifiedTokens, exp_of, memoisable
 from query_gateway.settings import PLATFORM_ADMIN_ROLE
-from query_gateway.verified import VerifiedTokens, exp_of, memoisable
 
 READING_GROUPS = frozenset({"admins", "managers", "viewers"})
 _ALGORITHMS = ["RS256", "ES256", "RS384", "ES384", "RS512", "PS256"]
@@ -156,7 +156,7 @@ class OidcVerifier:
         """401 invalid_token for anything but a token this issuer signed for this audience."""
         if self._jwks_uri is None:
             raise ServiceError("invalid_token", "bearer tokens cannot be verified: no issuer configured")
-        memo = self._verified.get(token)  # never past the token's exp (query_gateway.verified)
+        memo = self._verified.get(token)  # never past the token's exp (query_gateway.clients.verified)
         if memo is not None:
             if self._keys.held(memo.key):
                 return memo.value

@@ -1,6 +1,6 @@
 """DPS-09: the pull token, verified with signaling's public key and looked up in the pull-grant
 view on every request (never cached: a retired token is refused from the moment it retired). Only
-the token's signature check is memoised (query_gateway.verified); the grant never is.
+the token's signature check is memoised (query_gateway.clients.verified); the grant never is.
 
 Two kinds of token: DPS-06's (no `exp`, the flow's facts held only against the `jti`) and the
 http-pull profile's access token (an `exp`, checked here, and claims naming the flow, which must
@@ -32,8 +32,8 @@ from dataplane_service_kit.authorization import bearer
 from dataplane_service_kit.bounded_cache import BoundedCache
 from dataplane_service_kit.errors import ServiceError
 from dataplane_service_kit.logs import get_logger
+from query_gateway.clients.verified import VerifiedTokens, exp_of, memoisable
 from query_gateway.sql.execute import rolled_back_only
-from query_gateway.verified import VerifiedTokens, exp_of, memoisable
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ Tiers: an in-process LRU (at most ROW_FILTERS_CACHE_MAXSIZE plans, honouring the
 Redis, then a `PlanRequest` naming only the hashed cache key and a claim-check id; the inputs wait
 in Redis under the claim id. Replies are read by manual assignment of one partition (no group),
 from its end, keeping only this instance's correlation ids; an early copy of each reply comes on
-this instance's Redis channel (query_gateway.plan_notify). Identical misses coalesce.
+this instance's Redis channel (query_gateway.clients.plan_notify). Identical misses coalesce.
 
 The reply partition is paused while no request is pending and resumed before a request is sent:
 a paused partition keeps its position (no reply is missed) but is not fetched, so an idle
@@ -46,8 +46,8 @@ from dataplane_service_kit.bounded_cache import BoundedCache
 from dataplane_service_kit.errors import ServiceError
 from dataplane_service_kit.logs import get_logger
 from dataplane_service_kit.telemetry import kafka_headers
+from query_gateway.clients.plan_notify import ReplyChannel
 from query_gateway.metrics import PLAN_CACHE, PLAN_REPLIES_READ
-from query_gateway.plan_notify import ReplyChannel
 from query_gateway.settings import GatewaySettings
 
 log = get_logger("query_gateway.plans")
