@@ -12,7 +12,8 @@ from dataplane_contracts.catalogue import load_catalogue
 from dataplane_contracts.ds import DatasetVerdict
 from dataplane_contracts.plans import Plan
 from dataplane_service_kit.errors import ServiceError
-from query_gateway.dataspace import _derived_plan, _Judged
+from query_gateway.rules.verdicts import Judged as _Judged
+from query_gateway.rules.verdicts import derived_plan as _derived_plan
 
 CATALOGUE = Path(__file__).parent / "catalogue.yaml"
 

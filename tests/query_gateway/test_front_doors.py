@@ -223,7 +223,7 @@ async def test_gs01_the_access_record_carries_the_trace_of_the_server_span(trace
     from starlette.responses import Response
 
     from dataplane_service_kit.telemetry import ServerSpans
-    from query_gateway.routes import _context
+    from query_gateway.deps import context as _context
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()

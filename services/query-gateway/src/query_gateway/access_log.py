@@ -41,6 +41,32 @@ class AccessContext:
     current: str | None = None  # the dataset being judged when a refusal is raised
     action: str = QUERY_ACTION
 
+    # What the request learns as it goes, said here once: the pipeline tells the record, it
+    # never sets the record's fields itself.
+    def as_consumer(self, consumer: str, agreement_id: str) -> None:
+        """A dataspace request: the verified consumer (DID) and its agreement."""
+        self.sub = self.client_id = consumer
+        self.agreement_id = agreement_id
+
+    def as_caller(self, sub: str | None, client_id: str | None, service_account: bool) -> None:
+        """A normal-path request: the verified bearer's subject and client."""
+        self.sub, self.client_id, self.service_account = sub, client_id, service_account
+
+    def touching(self, dataset_ids: list[str]) -> None:
+        """The datasets the records name: the statement's, or only the offending ones."""
+        self.touched = dataset_ids
+
+    def judging(self, dataset_id: str | None) -> None:
+        """The dataset a refusal raised from now on is about (None: the whole statement)."""
+        self.current = dataset_id
+
+    def decided(self, decision_ref: str | None) -> None:
+        self.decision_ref = decision_ref
+
+    def checking_token(self, checking: bool) -> None:
+        """GS-02: while a bearer is being verified a refusal is an `auth.token` record."""
+        self.action = TOKEN_ACTION if checking else QUERY_ACTION
+
     def failed(self, code: str, status: int) -> None:
         """A refusal (401/403) is `denied`; anything else an `error`, with its code as reason."""
         outcome = "denied" if status in (401, 403) else "error"

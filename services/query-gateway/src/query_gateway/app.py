@@ -34,8 +34,8 @@ from query_gateway.clients.plan_client import PlanClient
 from query_gateway.clients.pull import PullVerifier
 from query_gateway.clients.pull import flows_pool as flows_pool_of
 from query_gateway.clients.rate_limit import RateLimiter, default_limit
-from query_gateway.gateway import Gateway, QueryBody
 from query_gateway.metrics import REQUEST_DURATION
+from query_gateway.pipeline import QueryBody
 from query_gateway.records.cursor import CursorCodec
 from query_gateway.records.routes import install_profile_errors, records_router
 from query_gateway.records.startup import records_declared
@@ -43,6 +43,7 @@ from query_gateway.routes import QueryRoutes, body_refusals, dps_router, query_r
 from query_gateway.settings import GatewaySettings
 from query_gateway.sql import QueryExecutor
 from query_gateway.sql.execute import datasets_pool
+from query_gateway.state import Gateway
 
 log = get_logger("query_gateway")
 

@@ -11,141 +11,54 @@ framework's rendering exactly."""
 
 from __future__ import annotations
 
-import re
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Annotated, Any, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import orjson
-from fastapi import APIRouter, Header, Request
-from fastapi.responses import JSONResponse, Response
-from opentelemetry import trace
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dataplane_service_kit.authorization import bearer
-from dataplane_service_kit.errors import (
-    ServiceError,
-    error_response,
-    problem_response,
-    unexpected_response,
-    validation_detail,
-)
-from dataplane_service_kit.logs import get_logger
-from dataplane_service_kit.request_ids import HEADER, from_scope, request_id, with_request_id
+from dataplane_service_kit.errors import ServiceError, error_response, unexpected_response, validation_detail
+from dataplane_service_kit.request_ids import HEADER, from_scope, with_request_id
 from dataplane_service_kit.telemetry import ServerSpans, answered
 from query_gateway import openapi as api
-from query_gateway.access_log import QUERY_ACTION, TOKEN_ACTION, AccessContext
 from query_gateway.clients.connector import resolve_connector
-from query_gateway.clients.identity import Caller
-from query_gateway.dataspace import DataspaceRequest, parse_purpose, run_dataspace
-from query_gateway.gateway import Gateway, QueryBody
+from query_gateway.deps import (
+    AgreementHeader,
+    AuthorizationHeader,
+    Headers,
+    PullAuthorizationHeader,
+    PurposeHeader,
+    TransferHeader,
+    caller_of,
+    context,
+    guarded,
+    token_check,
+)
 from query_gateway.metrics import REQUEST_DURATION, REQUESTS
-from query_gateway.normal import explain_normal, run_normal
+from query_gateway.pipeline import QueryBody, explain_normal, run_dataspace, run_normal
 from query_gateway.records.frozen import frozen_of
 from query_gateway.records.request import RequestRefused, has_filter
+from query_gateway.rules.verdicts import DataspaceRequest, parse_purpose
+from query_gateway.state import Gateway, gateway_of
 
-log = get_logger("query_gateway.routes")
-# on a page whose `limit` is not the one asked for (QE-01: <= 0 means 100, above 10 000 means
-# 10 000): the limit the request asked for (docs/gateway.md)
-LIMIT_CLAMPED = "X-Limit-Clamped"
-_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
-
-T = TypeVar("T")
-Headers = Mapping[str, str]  # lower-case names, the first value of each (as FastAPI's Header())
 Answer = Callable[[Gateway, Headers, QueryBody], Awaitable[Response]]
-
-
-def _context(headers: Headers, method: str, route: str, rid: str | None = None) -> AccessContext:
-    return AccessContext(
-        request_id=rid or request_id(headers.get("x-request-id") or headers.get("x-correlation-id")),
-        trace_id=_trace_id(headers),
-        method=method,
-        route=route,
-    )
-
-
-def _trace_id(headers: Headers) -> str | None:
-    """The trace of the request's server span — the caller's when it sent a `traceparent`, else
-    the one the span began; the caller's header alone when tracing is off."""
-    context = trace.get_current_span().get_span_context()
-    if context.is_valid:
-        return format(context.trace_id, "032x")
-    match = _TRACEPARENT.fullmatch(headers.get("traceparent", "").strip().lower())
-    return match.group(1) if match else None
-
-
-async def _guarded(
-    route: str, ctx: AccessContext, run: Callable[[], Awaitable[dict[str, object]]], asked_limit: int | None
-) -> Response:
-    """Runs one request: the access records and metrics of its outcome, the answer or the
-    refusal with the request's id; anything unexpected re-raised."""
-    try:
-        body = await run()
-    except ServiceError as exc:
-        ctx.failed(exc.code, exc.status_code)
-        REQUESTS.labels(route, str(exc.status_code), exc.code).inc()
-        # the error's own status: a code's fixed one, or the records profile's 400 (RequestRefused)
-        headers = {**(exc.headers or {}), HEADER: ctx.request_id}
-        return problem_response(exc.code, exc.status_code, exc.detail, headers)
-    except Exception as exc:  # a fault of ours: coded, counted and recorded like any refusal
-        ctx.failed("internal_error", 500)
-        REQUESTS.labels(route, "500", "internal_error").inc()
-        return unexpected_response(exc, ctx.request_id)
-    REQUESTS.labels(route, "200", "").inc()
-    headers = {HEADER: ctx.request_id}
-    applied = body.get("limit")
-    if asked_limit is not None and applied is not None and applied != asked_limit:
-        # QE-01 clamps the page size silently in the body's `limit`; the header says so
-        headers[LIMIT_CLAMPED] = str(asked_limit)
-    return json_response(body, headers)
-
-
-def json_response(body: dict[str, object], headers: dict[str, str]) -> Response:
-    """The answer encoded with orjson (a tenth of the standard encoder's cost on a page of rows;
-    the values are already JSON's, `jsonable`). An integer beyond 64 bits, which orjson refuses,
-    takes the standard encoder: same JSON, slower."""
-    try:
-        content = orjson.dumps(body)
-    except orjson.JSONEncodeError:
-        return JSONResponse(body, headers=headers)
-    return Response(content, media_type="application/json", headers=headers)
-
-
-async def _token_check(ctx: AccessContext, check: Awaitable[T]) -> T:
-    """GS-02: while a bearer is being verified, a refusal is recorded as `auth.token` (no caller,
-    no dataset); once it verified, the request is a dataset read again."""
-    ctx.action = TOKEN_ACTION
-    verified = await check
-    ctx.action = QUERY_ACTION
-    return verified
-
-
-async def _verify_oidc(gw: Gateway, authorization: str) -> Caller:
-    token = bearer(authorization)
-    if token is None:
-        raise ServiceError("invalid_token", "bearer token is not valid")
-    return await gw.oidc.verify(token)
-
-
-async def _caller(gw: Gateway, authorization: str | None, ctx: AccessContext) -> Caller | None:
-    if authorization is None or not authorization.strip():
-        return None
-    caller = await _token_check(ctx, _verify_oidc(gw, authorization))
-    ctx.sub, ctx.client_id, ctx.service_account = caller.sub, caller.client_id, caller.service_account
-    return caller
 
 
 # ---------------------------------------------------------------------- the routes, once
 async def answer_query(gw: Gateway, headers: Headers, body: QueryBody) -> Response:
-    ctx = _context(headers, "POST", "/query")
+    ctx = context(headers, "POST", "/query")
     authorization = headers.get("authorization")
     agreement = headers.get("edc-contract-agreement-id", "").strip()
     if gw.settings.edr_enabled and agreement:
         # dataspace mode: the bearer is an EDR token and never reaches the OIDC issuer
 
         async def edr() -> dict[str, object]:
-            identity = await _token_check(
+            identity = await token_check(
                 ctx, gw.connector.verify_edr(bearer(authorization) if authorization else None)
             )
             req = DataspaceRequest(
@@ -158,37 +71,33 @@ async def answer_query(gw: Gateway, headers: Headers, body: QueryBody) -> Respon
             )
             return await run_dataspace(gw, body, req, ctx)
 
-        return await _guarded("/query", ctx, edr, body.limit)
+        return await guarded("/query", ctx, edr, body.limit)
 
     async def normal() -> dict[str, object]:
-        return await run_normal(gw, body, await _caller(gw, authorization, ctx), ctx)
+        return await run_normal(gw, body, await caller_of(gw, authorization, ctx), ctx)
 
-    return await _guarded("/query", ctx, normal, body.limit)
+    return await guarded("/query", ctx, normal, body.limit)
 
 
 async def answer_plan(gw: Gateway, headers: Headers, body: QueryBody) -> Response:
-    ctx = _context(headers, "POST", "/query/plan")
+    ctx = context(headers, "POST", "/query/plan")
 
     async def explain() -> dict[str, object]:
-        return await explain_normal(gw, body, await _caller(gw, headers.get("authorization"), ctx), ctx)
+        return await explain_normal(gw, body, await caller_of(gw, headers.get("authorization"), ctx), ctx)
 
-    return await _guarded("/query/plan", ctx, explain, None)
+    return await guarded("/query/plan", ctx, explain, None)
 
 
 async def answer_pull(gw: Gateway, headers: Headers, body: QueryBody) -> Response:
-    ctx = _context(headers, "POST", "/dps/public/query")
+    ctx = context(headers, "POST", "/dps/public/query")
 
     async def pull() -> dict[str, object]:
         assert gw.pull is not None  # mounted only with DPS_ENABLED
 
-        def identified(consumer: str, agreement_id: str) -> None:
-            ctx.sub = ctx.client_id = consumer
-            ctx.agreement_id = agreement_id
-
         grant = await gw.pull.verify(
             headers.get("authorization"),
             headers.get("edc-contract-agreement-id", "").strip() or None,
-            identified,
+            ctx.as_consumer,
         )
         if grant.grant_extensions is not None:
             frozen_of(grant)  # a malformed frozen filter set refuses the grant (docs/records.md)
@@ -202,7 +111,7 @@ async def answer_pull(gw: Gateway, headers: Headers, body: QueryBody) -> Respons
         )
         return await run_dataspace(gw, body, req, ctx)
 
-    return await _guarded("/dps/public/query", ctx, pull, body.limit)
+    return await guarded("/dps/public/query", ctx, pull, body.limit)
 
 
 def _routes(dps_enabled: bool) -> dict[str, Answer]:
@@ -221,7 +130,7 @@ def body_refusals(dps_enabled: bool) -> Callable[[Scope], None]:
         route = scope.get("path", "")
         if route in routes:
             rid = from_scope(scope)
-            _context(_headers(scope), scope.get("method", "POST"), route, rid).failed("body_too_large", 413)
+            context(_headers(scope), scope.get("method", "POST"), route, rid).failed("body_too_large", 413)
             REQUESTS.labels(route, "413", "body_too_large").inc()
 
     return refused
@@ -318,7 +227,7 @@ class QueryRoutes:
         if isinstance(body, Response):  # refused as FastAPI would refuse it
             await body(scope, _replay(raw, more, receive), with_request_id(send, from_scope(scope)))
             return
-        gw: Gateway = (self.state or scope["app"].state).gateway
+        gw = gateway_of(self.state or scope["app"].state)
         route = scope["path"]
         started = time.perf_counter()
         status = 500
@@ -382,15 +291,6 @@ def _request_headers(request: Request) -> dict[str, str]:
     return _headers(request.scope)
 
 
-def _header(description: str) -> Any:
-    return Header(description=description)
-
-
-AuthorizationHeader = Annotated[str | None, _header(api.AUTHORIZATION)]
-AgreementHeader = Annotated[str | None, _header(api.AGREEMENT)]
-TransferHeader = Annotated[str | None, _header(api.TRANSFER)]
-PurposeHeader = Annotated[str | None, _header(api.PURPOSE)]
-PullAuthorizationHeader = Annotated[str | None, _header(api.PULL_AUTHORIZATION)]
 _TRACE = {"parameters": api.TRACE_HEADERS}
 
 
@@ -416,7 +316,7 @@ def query_router() -> APIRouter:
         edc_transfer_process_id: TransferHeader = None,
         edc_purpose: PurposeHeader = None,
     ) -> Response:
-        return await answer_query(request.app.state.gateway, _request_headers(request), body)
+        return await answer_query(gateway_of(request.app.state), _request_headers(request), body)
 
     @router.post(
         "/query/plan",
@@ -428,7 +328,7 @@ def query_router() -> APIRouter:
     async def query_plan(
         request: Request, body: QueryBody, authorization: AuthorizationHeader = None
     ) -> Response:
-        return await answer_plan(request.app.state.gateway, _request_headers(request), body)
+        return await answer_plan(gateway_of(request.app.state), _request_headers(request), body)
 
     return router
 
@@ -455,11 +355,6 @@ def dps_router() -> APIRouter:
         if has_filter(request.scope.get("query_string", b"")):
             # a client range filter belongs to the records route only (docs/records.md)
             raise RequestRefused("client filters are taken by the records route only")
-        return await answer_pull(request.app.state.gateway, _request_headers(request), body)
+        return await answer_pull(gateway_of(request.app.state), _request_headers(request), body)
 
     return router
-
-
-# the records routes (query_gateway.records.routes) run under the same access records and metrics
-context = _context
-guarded = _guarded

@@ -21,7 +21,7 @@ from prometheus_client import Counter, Gauge
 from dataplane_service_kit.logs import get_logger
 from query_gateway.catalogue.early_signals import take_early_reload
 from query_gateway.catalogue.load import CatalogueRefused, CheckedCatalogue, check_catalogue
-from query_gateway.gateway import Gateway
+from query_gateway.state import gateway_of
 
 log = get_logger("query_gateway.catalogue")
 
@@ -53,7 +53,7 @@ class CatalogueReloader:
 
     async def reload(self) -> bool:
         async with self._lock:
-            gw: Gateway = self.state.gateway
+            gw = gateway_of(self.state)
             try:
                 checked = await check_catalogue(gw.settings, self.pool)
             except CatalogueRefused as exc:

@@ -13,18 +13,18 @@ from dataplane_contracts.records import PROFILE_URI
 from dataplane_service_kit.errors import ServiceError, problem_response
 from query_gateway import openapi as api
 from query_gateway.access_log import AccessContext
-from query_gateway.gateway import Gateway
-from query_gateway.records.cursor import CursorCodec
-from query_gateway.records.request import RequestRefused
-from query_gateway.records.serve import Headers, records_page, stream_metadata
-from query_gateway.routes import (
+from query_gateway.deps import (
     AgreementHeader,
     PullAuthorizationHeader,
     PurposeHeader,
     TransferHeader,
     guarded,
 )
-from query_gateway.routes import context as access_context
+from query_gateway.deps import context as access_context
+from query_gateway.records.cursor import CursorCodec
+from query_gateway.records.request import RequestRefused
+from query_gateway.records.serve import Headers, records_page, stream_metadata
+from query_gateway.state import Gateway, gateway_of
 
 STREAM = "/dps/public/streams/{dataset}"
 RECORDS = STREAM + "/records"
@@ -48,7 +48,7 @@ Run = Callable[[Gateway, AccessContext], Awaitable[dict[str, object]]]
 async def _answer(request: Request, route: str, run: Run) -> Response:
     """One request under the gateway's access records and metrics, as the query routes are."""
     ctx = access_context(_lower(request), "GET", route)
-    gw: Gateway = request.app.state.gateway
+    gw = gateway_of(request.app.state)
 
     async def once() -> dict[str, object]:
         return await run(gw, ctx)

@@ -13,14 +13,15 @@ from dataplane_service_kit.errors import ServiceError
 from query_gateway.access_log import AccessContext
 from query_gateway.clients.connector import resolve_connector
 from query_gateway.clients.pull import VerifiedPull
-from query_gateway.dataspace import DataspaceRequest, narrow_for_dataspace, parse_purpose
-from query_gateway.gateway import Gateway, QueryBody
+from query_gateway.pipeline import narrow_for_dataspace, validate
 from query_gateway.records.cursor import CursorCodec, filter_set_digest
 from query_gateway.records.frozen import bounds_of, check_evaluable, frozen_of, metadata_of
 from query_gateway.records.request import parse_records_query, refuse_any_parameter
 from query_gateway.records.values import Bound
+from query_gateway.rules.verdicts import DataspaceRequest, parse_purpose
 from query_gateway.sql.model import NarrowedQuery
 from query_gateway.sql.scope import DIALECT
+from query_gateway.state import Gateway
 
 _KEY_PREFIX = "_dp_key"  # the reserved prefix: no column of a dataset can be called that
 
@@ -40,15 +41,11 @@ class Headers:
 async def _verified(gw: Gateway, h: Headers, dataset_id: str, ctx: AccessContext) -> VerifiedPull:
     assert gw.pull is not None  # mounted only with DPS_ENABLED
 
-    def identified(consumer: str, agreement_id: str) -> None:
-        ctx.sub = ctx.client_id = consumer
-        ctx.agreement_id = agreement_id
-
-    grant = await gw.pull.verify(h.authorization, h.agreement, identified)
+    grant = await gw.pull.verify(h.authorization, h.agreement, ctx.as_consumer)
     if dataset_id != grant.dataset_id:
         # the same answer for a dataset that exists and one that does not
         raise ServiceError("not_offered", "the flow's pull token is not for this dataset")
-    ctx.touched = [dataset_id]
+    ctx.touching([dataset_id])
     return grant
 
 
@@ -95,7 +92,7 @@ async def records_page(
         purpose=parse_purpose(h.purpose),
     )
     whole = f"SELECT * FROM {_ident(dataset_id)}"  # noqa: S608 - a quoted identifier
-    q = await gw.validate_async(QueryBody(sql=whole), ctx)
+    q = await validate(gw, whole, ctx)
     granted = await narrow_for_dataspace(gw, q, req, ctx)
     key_types = [gw.columns[entry.table][k] for k in key]
     statement = _filtered(granted.narrowed, bounds, key, key_types, after)

@@ -1,0 +1,52 @@
+"""What the lifespan builds and every request reads: the clients, the catalogue and its index.
+Typed, without behaviour; one object on `app.state.gateway`, swapped whole when the catalogue is
+read again (a request keeps the one it started with)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from dataplane_contracts.catalogue import Catalogue, DatasetEntry
+from query_gateway.clients.connector import ConnectorClient
+from query_gateway.clients.disclosure import DisclosurePublisher
+from query_gateway.clients.identity import OidcVerifier
+from query_gateway.clients.plan_client import PlanClient
+from query_gateway.clients.pull import PullVerifier
+from query_gateway.clients.rate_limit import RateLimiter
+from query_gateway.rules.policy import needs_caller
+from query_gateway.settings import GatewaySettings
+from query_gateway.sql import ColumnTypes, QueryExecutor
+from query_gateway.sql.exposure import MaskKey
+
+
+@dataclass
+class Gateway:
+    settings: GatewaySettings
+    catalogue: Catalogue
+    columns: ColumnTypes
+    executor: QueryExecutor
+    plans: PlanClient
+    oidc: OidcVerifier
+    connector: ConnectorClient
+    disclosures: DisclosurePublisher
+    pull: PullVerifier | None = None
+    mask_key: MaskKey | None = None  # COLUMN_MASK_KEY, for the catalogue's `hash` column masks
+    limiter: RateLimiter | None = None  # GS-14: the consumers' buckets (None: nothing limited)
+    entries: dict[str, DatasetEntry] = field(default_factory=dict)
+    # some dataset can be read without a bearer: else an anonymous request is refused 401 before
+    # its statement is parsed (what the statement says is no business of an anonymous caller)
+    anonymous_readable: bool = False
+
+    def __post_init__(self) -> None:
+        self.entries = self.catalogue.by_id()
+        self.anonymous_readable = any(
+            entry.expose and entry.access_level != "secret" and not needs_caller(entry)
+            for entry in self.catalogue.datasets
+        )
+
+
+def gateway_of(app_state: Any) -> Gateway:
+    """The gateway the lifespan set on the app's state (typed for the routes that read it)."""
+    gw: Gateway = app_state.gateway
+    return gw
