@@ -26,7 +26,7 @@ from dataplane_contracts.topics import PLAN_REQUESTS
 from dataplane_local.doubles.ds_connector import DsConnectorDouble
 from dataplane_local.doubles.oidc import OidcIssuer
 from query_gateway.app import create_app
-from query_gateway.settings import GatewaySettings
+from query_gateway.settings import Settings
 
 from .topics import assigned, follow
 
@@ -63,7 +63,7 @@ class World:
     kafka: str
     redis_url: str
 
-    def settings(self, **overrides: Any) -> GatewaySettings:
+    def settings(self, **overrides: Any) -> Settings:
         values: dict[str, Any] = {
             "catalogue_path": str(CATALOGUE),
             "datasets_database_url": self.datasets_url,
@@ -81,7 +81,7 @@ class World:
             "connector_internal_url": self.ds_url,
         }
         values.update(overrides)
-        return GatewaySettings(**values)
+        return Settings(**values)
 
     def user_token(self, sub: str = "user-1", **claims: Any) -> str:
         body = {"sub": sub, "preferred_username": f"name-of-{sub}", "email": f"{sub}@mail.example"}
@@ -175,7 +175,7 @@ def refused(response: httpx.Response, status: int, code: str) -> None:
 
 
 @contextlib.asynccontextmanager
-async def running_gateway(settings: GatewaySettings) -> AsyncIterator[httpx.AsyncClient]:
+async def running_gateway(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(settings)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)

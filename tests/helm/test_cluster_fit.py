@@ -127,7 +127,7 @@ TUNABLE_BY_ENV = {
     "audit_relay_max_buffered_per_partition",
 }
 SETTINGS = {
-    "query-gateway": ("query_gateway.settings", "GatewaySettings"),
+    "query-gateway": ("query_gateway.settings", "Settings"),
     "signaling": ("signaling.settings", "Settings"),
     "filter-resolver": ("filter_resolver.settings", "Settings"),
     "audit-relay": ("audit_relay.settings", "Settings"),

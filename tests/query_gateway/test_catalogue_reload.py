@@ -25,7 +25,7 @@ from dataplane_testing.gateway import CATALOGUE, World
 from dataplane_testing.metrics import series as metric
 from query_gateway.app import StartupRefused, create_app
 from query_gateway.catalogue.load import unknown_handlers
-from query_gateway.settings import GatewaySettings
+from query_gateway.settings import Settings
 
 STATS = {"sql": "SELECT id FROM stats ORDER BY id"}
 COPY = {"sql": "SELECT id FROM stats_copy ORDER BY id"}
@@ -59,7 +59,7 @@ def _env_value(value: Any) -> str:
     return str(value)
 
 
-def process_env(settings: GatewaySettings, port: int) -> dict[str, str]:
+def process_env(settings: Settings, port: int) -> dict[str, str]:
     """The settings as the process reads them: one variable per field that is set."""
     env = {k.upper(): _env_value(v) for k, v in settings.model_dump().items() if v is not None}
     return {**os.environ, **env, "HTTP_HOST": "127.0.0.1", "HTTP_PORT": str(port), "LOG_LEVEL": "INFO"}

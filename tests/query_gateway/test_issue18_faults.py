@@ -40,13 +40,13 @@ from dataplane_testing.faults import PipeProxy, TcpProxy, coded, raw_client
 from dataplane_testing.gateway import AGREEMENT, PUBLIC_PEM, SEED, World, ds_policy, grant, pull_token
 from dataplane_testing.polling import wait_for
 from query_gateway.app import create_app
-from query_gateway.settings import GatewaySettings
+from query_gateway.settings import Settings
 
 STATS = {"sql": "SELECT id, label FROM stats ORDER BY id"}
 
 
 @contextlib.asynccontextmanager
-async def gateway(settings: GatewaySettings) -> AsyncIterator[httpx.AsyncClient]:
+async def gateway(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(settings)
     async with app.router.lifespan_context(app), raw_client(app) as client:
         yield client

@@ -144,12 +144,12 @@ class Connector:
 
 async def test_a_memoised_edr_token_is_refused_once_its_key_left_the_set() -> None:
     from query_gateway.clients.connector import ConnectorClient
-    from query_gateway.settings import GatewaySettings
+    from query_gateway.settings import Settings
 
     ds = Connector()
     ds.add("e1")
     http = httpx.AsyncClient(transport=httpx.MockTransport(ds.jwks))
-    settings = GatewaySettings.model_construct(
+    settings = Settings.model_construct(
         connector_internal_url="http://ds.test", connector_internal_urls={}, connector_timeout_seconds=5.0
     )
     tokens = ClientCredentialsToken(http, token_url=None, client_id=None, client_secret=None)

@@ -34,6 +34,10 @@ def _json_line(event: dict[str, Any], **kw: Any) -> str:
         return json.dumps(event, default=default)
 
 
+# the access records' logger (GS-01, GS-02), shared by the services that write them
+AUDIT_LOGGER = "dataplane.audit"
+
+
 def configure_logging(service: str, level: str = "INFO") -> None:
     """Route structlog and stdlib logging into one JSON line per event on stderr."""
     shared: list[Any] = [
@@ -66,6 +70,8 @@ def configure_logging(service: str, level: str = "INFO") -> None:
     root.setLevel(level.upper())
     for noisy in ("aiokafka", "kafka"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+    # access records stay at INFO whatever LOG_LEVEL says (GS-01)
+    logging.getLogger(AUDIT_LOGGER).setLevel(logging.INFO)
 
 
 def _lean_records() -> None:

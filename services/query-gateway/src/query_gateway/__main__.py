@@ -14,14 +14,11 @@ def main() -> None:
     from dataplane_service_kit.serve import serve
     from dataplane_service_kit.settings import load_settings
     from dataplane_service_kit.telemetry import setup_telemetry
-    from query_gateway.access_log import AUDIT_LOGGER
     from query_gateway.app import create_app
-    from query_gateway.settings import GatewaySettings
+    from query_gateway.settings import Settings
 
-    settings = load_settings(GatewaySettings)
+    settings = load_settings(Settings)
     configure_logging("query-gateway", settings.log_level)
-    # access records stay at INFO whatever LOG_LEVEL says (GS-01)
-    logging.getLogger(AUDIT_LOGGER).setLevel(logging.INFO)
     # httpx writes an INFO line for every outgoing call (each ds authorize of a dataspace
     # request): hot-path cost with nothing the access record lacks; shown again at DEBUG
     if logging.getLogger().getEffectiveLevel() > logging.DEBUG:

@@ -8,9 +8,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from dataplane_service_kit.logs import get_logger
+from dataplane_service_kit.logs import AUDIT_LOGGER, get_logger
 
-AUDIT_LOGGER = "dataplane.audit"
 QUERY_ACTION = "dataset.query"
 # GS-02: a bearer that does not verify is refused as a token check, not as a dataset read — no
 # caller is known yet, and no dataset has been judged

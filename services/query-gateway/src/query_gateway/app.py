@@ -40,7 +40,7 @@ from query_gateway.records.cursor import CursorCodec
 from query_gateway.records.routes import install_profile_errors, records_router
 from query_gateway.records.startup import records_declared
 from query_gateway.routes import QueryRoutes, body_refusals, dps_router, query_router
-from query_gateway.settings import GatewaySettings
+from query_gateway.settings import Settings
 from query_gateway.sql import QueryExecutor
 from query_gateway.sql.execute import datasets_pool
 from query_gateway.state import Gateway
@@ -54,7 +54,7 @@ class StartupRefused(RuntimeError):
 
 @contextlib.asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
-    settings: GatewaySettings = app.state.settings
+    settings: Settings = app.state.settings
     _refuse_early(settings)
     async with contextlib.AsyncExitStack() as stack:
         pool = await datasets_pool(
@@ -172,7 +172,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.capabilities = {}
 
 
-def _refuse_early(settings: GatewaySettings) -> None:
+def _refuse_early(settings: Settings) -> None:
     """The database-free checks of the catalogue: a typo is named before any connection opens."""
     try:
         parse_catalogue(settings)
@@ -180,7 +180,7 @@ def _refuse_early(settings: GatewaySettings) -> None:
         raise StartupRefused(str(exc)) from None
 
 
-def _cursor_codec(settings: GatewaySettings, catalogue: Catalogue) -> CursorCodec | None:
+def _cursor_codec(settings: Settings, catalogue: Catalogue) -> CursorCodec | None:
     """RECORDS_CURSOR_SECRET, required on a DPS gateway whose catalogue declares records."""
     declared = records_declared(catalogue)
     secret = settings.records_cursor_secret
@@ -208,7 +208,7 @@ class GatewayApp(FastAPI):
         await super().__call__(scope, receive, send)
 
 
-def create_app(settings: GatewaySettings) -> FastAPI:
+def create_app(settings: Settings) -> FastAPI:
     app = GatewayApp(
         title="query-gateway",
         summary="SQL over governed datasets: the normal path, the legacy EDR path, DPS pulls",

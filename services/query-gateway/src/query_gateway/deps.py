@@ -19,8 +19,11 @@ from dataplane_service_kit.errors import ServiceError, problem_response, unexpec
 from dataplane_service_kit.request_ids import HEADER, request_id
 from query_gateway import openapi as api
 from query_gateway.access_log import AccessContext
+from query_gateway.clients.connector import resolve_connector
 from query_gateway.clients.identity import Caller
+from query_gateway.clients.pull import VerifiedPull
 from query_gateway.metrics import REQUESTS
+from query_gateway.rules.verdicts import DataspaceRequest, parse_purpose
 from query_gateway.state import Gateway
 
 # on a page whose `limit` is not the one asked for (QE-01: <= 0 means 100, above 10 000 means
@@ -121,3 +124,58 @@ AgreementHeader = Annotated[str | None, _header(api.AGREEMENT)]
 TransferHeader = Annotated[str | None, _header(api.TRANSFER)]
 PurposeHeader = Annotated[str | None, _header(api.PURPOSE)]
 PullAuthorizationHeader = Annotated[str | None, _header(api.PULL_AUTHORIZATION)]
+
+
+async def pull_grant(
+    gw: Gateway,
+    authorization: str | None,
+    agreement: str | None,
+    ctx: AccessContext,
+    dataset_id: str | None = None,
+) -> VerifiedPull:
+    """DPS-09: the pull token verified against its flow; the access record names the consumer as
+    soon as the token is known to be its. With `dataset_id` (the records routes), the flow must be
+    for that dataset."""
+    assert gw.pull is not None  # the pull routes are mounted only with DPS_ENABLED
+    grant = await gw.pull.verify(authorization, agreement, ctx.as_consumer)
+    if dataset_id is not None:
+        if dataset_id != grant.dataset_id:
+            # the same answer for a dataset that exists and one that does not
+            raise ServiceError("not_offered", "the flow's pull token is not for this dataset")
+        ctx.touching([dataset_id])
+    return grant
+
+
+def pull_request(
+    gw: Gateway, grant: VerifiedPull, transfer: str | None, purpose: str | None
+) -> DataspaceRequest:
+    """A pull's dataspace request: the grant's consumer and agreement, its provider's connector."""
+    return dataspace_request(
+        consumer=grant.consumer,
+        provider=grant.provider,
+        connector_base=resolve_connector(gw.settings, grant.provider),
+        agreement_id=grant.agreement_id,
+        transfer=transfer,
+        purpose=purpose,
+    )
+
+
+def dataspace_request(
+    *,
+    consumer: str,
+    provider: str | None,
+    connector_base: str,
+    agreement_id: str,
+    transfer: str | None,
+    purpose: str | None,
+) -> DataspaceRequest:
+    """What a verified dataspace request says, from its EDC headers (`Edc-Transfer-Process-Id`,
+    `Edc-Purpose`)."""
+    return DataspaceRequest(
+        consumer=consumer,
+        provider=provider,
+        connector_base=connector_base,
+        agreement_id=agreement_id,
+        transfer_id=transfer or None,
+        purpose=parse_purpose(purpose),
+    )

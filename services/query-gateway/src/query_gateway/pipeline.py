@@ -336,7 +336,7 @@ async def narrow_for_dataspace(
         filter (and so its column) came from ds's verdict, checked against the table."""
 
         def checked(plan: Plan) -> Plan:
-            return column_checked(gw.columns, j, plan) if from_ds else plan
+            return column_checked(gw.columns.get(j.entry.table, {}), j, plan) if from_ds else plan
 
         if req.handler in PURE_HANDLERS:
             return derived_plan(j, layer, lambda: checked(apply_pure(req)))

@@ -26,7 +26,6 @@ from dataplane_service_kit.errors import ServiceError, error_response, unexpecte
 from dataplane_service_kit.request_ids import HEADER, from_scope, with_request_id
 from dataplane_service_kit.telemetry import ServerSpans, answered
 from query_gateway import openapi as api
-from query_gateway.clients.connector import resolve_connector
 from query_gateway.deps import (
     AgreementHeader,
     AuthorizationHeader,
@@ -36,14 +35,16 @@ from query_gateway.deps import (
     TransferHeader,
     caller_of,
     context,
+    dataspace_request,
     guarded,
+    pull_grant,
+    pull_request,
     token_check,
 )
 from query_gateway.metrics import REQUEST_DURATION, REQUESTS
 from query_gateway.pipeline import QueryBody, explain_normal, run_dataspace, run_normal
 from query_gateway.records.frozen import frozen_of
 from query_gateway.records.request import RequestRefused, has_filter
-from query_gateway.rules.verdicts import DataspaceRequest, parse_purpose
 from query_gateway.state import Gateway, gateway_of
 
 Answer = Callable[[Gateway, Headers, QueryBody], Awaitable[Response]]
@@ -61,13 +62,13 @@ async def answer_query(gw: Gateway, headers: Headers, body: QueryBody) -> Respon
             identity = await token_check(
                 ctx, gw.connector.verify_edr(bearer(authorization) if authorization else None)
             )
-            req = DataspaceRequest(
+            req = dataspace_request(
                 consumer=identity.consumer,
                 provider=identity.provider,
                 connector_base=identity.base_url,
                 agreement_id=agreement,
-                transfer_id=headers.get("edc-transfer-process-id") or None,
-                purpose=parse_purpose(headers.get("edc-purpose")),
+                transfer=headers.get("edc-transfer-process-id"),
+                purpose=headers.get("edc-purpose"),
             )
             return await run_dataspace(gw, body, req, ctx)
 
@@ -92,23 +93,16 @@ async def answer_pull(gw: Gateway, headers: Headers, body: QueryBody) -> Respons
     ctx = context(headers, "POST", "/dps/public/query")
 
     async def pull() -> dict[str, object]:
-        assert gw.pull is not None  # mounted only with DPS_ENABLED
-
-        grant = await gw.pull.verify(
+        grant = await pull_grant(
+            gw,
             headers.get("authorization"),
             headers.get("edc-contract-agreement-id", "").strip() or None,
-            ctx.as_consumer,
+            ctx,
         )
         if grant.grant_extensions is not None:
-            frozen_of(grant)  # a malformed frozen filter set refuses the grant (docs/records.md)
-        req = DataspaceRequest(
-            consumer=grant.consumer,
-            provider=grant.provider,
-            connector_base=resolve_connector(gw.settings, grant.provider),
-            agreement_id=grant.agreement_id,
-            transfer_id=headers.get("edc-transfer-process-id") or None,
-            purpose=parse_purpose(headers.get("edc-purpose")),
-        )
+            # a malformed frozen filter set refuses the grant (docs/records.md)
+            frozen_of(grant.grant_extensions, grant.dataset_id)
+        req = pull_request(gw, grant, headers.get("edc-transfer-process-id"), headers.get("edc-purpose"))
         return await run_dataspace(gw, body, req, ctx)
 
     return await guarded("/dps/public/query", ctx, pull, body.limit)

@@ -22,7 +22,7 @@ from dataplane_contracts.settings import (
 PLATFORM_ADMIN_ROLE = "platform-admin"
 
 
-class GatewaySettings(
+class Settings(
     HttpSettings, KafkaSettings, RedisSettings, PlanCacheSettings, OidcSettings, ConnectorSettings
 ):
     catalogue_path: str = Field(min_length=1)
@@ -121,7 +121,7 @@ class GatewaySettings(
         return (ms if ms is not None else self.query_statement_timeout_ms + 2_000) / 1000
 
     @model_validator(mode="after")
-    def _command_outlasts_statement(self) -> GatewaySettings:
+    def _command_outlasts_statement(self) -> Settings:
         ms = self.database_command_timeout_ms
         if ms is not None and ms <= self.query_statement_timeout_ms:
             # else a slow statement would read as a lost database (503) instead of 400 query_timeout
@@ -133,7 +133,7 @@ class GatewaySettings(
         return self.dps_grant_timeout_ms / 1000
 
     @model_validator(mode="after")
-    def _dps_complete(self) -> GatewaySettings:
+    def _dps_complete(self) -> Settings:
         if self.dps_enabled:
             missing = [
                 name

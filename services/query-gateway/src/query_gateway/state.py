@@ -15,14 +15,14 @@ from query_gateway.clients.plan_client import PlanClient
 from query_gateway.clients.pull import PullVerifier
 from query_gateway.clients.rate_limit import RateLimiter
 from query_gateway.rules.policy import needs_caller
-from query_gateway.settings import GatewaySettings
+from query_gateway.settings import Settings
 from query_gateway.sql import ColumnTypes, QueryExecutor
 from query_gateway.sql.exposure import MaskKey
 
 
 @dataclass
 class Gateway:
-    settings: GatewaySettings
+    settings: Settings
     catalogue: Catalogue
     columns: ColumnTypes
     executor: QueryExecutor

@@ -7,10 +7,9 @@ import logging
 
 from fastapi import Request
 
-from dataplane_service_kit.logs import get_logger
+from dataplane_service_kit.logs import AUDIT_LOGGER, get_logger
 from dataplane_service_kit.request_ids import from_scope
 
-AUDIT_LOGGER = "dataplane.audit"
 _audit = get_logger(AUDIT_LOGGER)
 
 

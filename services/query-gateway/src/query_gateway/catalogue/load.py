@@ -15,7 +15,7 @@ import yaml
 
 from dataplane_contracts.catalogue import HANDLER_BINDS, Catalogue
 from query_gateway.records.startup import check_records
-from query_gateway.settings import GatewaySettings
+from query_gateway.settings import Settings
 from query_gateway.sql import ColumnTypes, load_column_types
 from query_gateway.sql.exposure import MaskKey, hash_masks
 
@@ -46,7 +46,7 @@ def unknown_handlers(catalogue: Catalogue, plugins: tuple[str, ...]) -> list[str
     return out
 
 
-def mask_key_for(settings: GatewaySettings, catalogue: Catalogue) -> MaskKey | None:
+def mask_key_for(settings: Settings, catalogue: Catalogue) -> MaskKey | None:
     """COLUMN_MASK_KEY, required when the catalogue masks any column by hash."""
     hashed = hash_masks(catalogue)
     if hashed and settings.column_mask_key is None:
@@ -55,7 +55,7 @@ def mask_key_for(settings: GatewaySettings, catalogue: Catalogue) -> MaskKey | N
     return MaskKey.of(secret.get_secret_value()) if secret is not None else None
 
 
-def parse_catalogue(settings: GatewaySettings) -> tuple[Catalogue, str]:
+def parse_catalogue(settings: Settings) -> tuple[Catalogue, str]:
     """The file read and validated without the database: schema and handler names."""
     path = settings.catalogue_path
     try:
@@ -73,7 +73,7 @@ def parse_catalogue(settings: GatewaySettings) -> tuple[Catalogue, str]:
     return catalogue, hashlib.sha256(raw).hexdigest()[:12]
 
 
-async def check_catalogue(settings: GatewaySettings, pool: asyncpg.Pool) -> CheckedCatalogue:
+async def check_catalogue(settings: Settings, pool: asyncpg.Pool) -> CheckedCatalogue:
     """Every check, the database's columns included; raises CatalogueRefused naming the first
     failure."""
     catalogue, digest = parse_catalogue(settings)

@@ -20,7 +20,7 @@ from dataplane_service_kit.logs import get_logger
 from dataplane_service_kit.oauth import ClientCredentialsToken, TokenUnavailable
 from query_gateway.clients.decision_cache import DsDecisionCache, decision_key
 from query_gateway.clients.verified import VerifiedTokens, exp_of, memoisable
-from query_gateway.settings import GatewaySettings
+from query_gateway.settings import Settings
 
 log = get_logger("query_gateway.connector")
 _EDR_ALGORITHMS = ["ES256", "RS256"]
@@ -32,7 +32,7 @@ EDR_REFETCH_SECONDS = 1.0
 _CONNECTION_RESET = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 
 
-def connector_http(settings: GatewaySettings) -> httpx.AsyncClient:
+def connector_http(settings: Settings) -> httpx.AsyncClient:
     """The gateway's client for ds and the issuer: idle connections are dropped after
     CONNECTOR_KEEPALIVE_EXPIRY_SECONDS, below the servers' idle timeout, so it is the gateway that
     closes an idle connection and a request is not sent on one the server is closing."""
@@ -41,7 +41,7 @@ def connector_http(settings: GatewaySettings) -> httpx.AsyncClient:
     )
 
 
-def service_tokens(http: httpx.AsyncClient, settings: GatewaySettings) -> ClientCredentialsToken:
+def service_tokens(http: httpx.AsyncClient, settings: Settings) -> ClientCredentialsToken:
     """This service's own bearer for ds (docs/wire-contracts.md); no client configured → no bearer."""
     secret = settings.celine_oidc_client_secret
     return ClientCredentialsToken(
@@ -80,7 +80,7 @@ class ConnectorClient:
     def __init__(
         self,
         http: httpx.AsyncClient,
-        settings: GatewaySettings,
+        settings: Settings,
         tokens: ClientCredentialsToken,
         edr_refetch_seconds: float = EDR_REFETCH_SECONDS,
     ) -> None:

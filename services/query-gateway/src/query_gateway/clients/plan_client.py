@@ -48,7 +48,7 @@ from dataplane_service_kit.logs import get_logger
 from dataplane_service_kit.telemetry import kafka_headers
 from query_gateway.clients.plan_notify import ReplyChannel
 from query_gateway.metrics import PLAN_CACHE, PLAN_REPLIES_READ
-from query_gateway.settings import GatewaySettings
+from query_gateway.settings import Settings
 
 log = get_logger("query_gateway.plans")
 
@@ -101,7 +101,7 @@ class _Answer:
 
 
 class PlanClient:
-    def __init__(self, settings: GatewaySettings, redis: aioredis.Redis, producer: AIOKafkaProducer) -> None:
+    def __init__(self, settings: Settings, redis: aioredis.Redis, producer: AIOKafkaProducer) -> None:
         self._settings = settings
         self._redis = redis
         self._producer = producer

@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataplane_contracts.catalogue import DatasetEntry
 from dataplane_contracts.records import RANGE_OPS, FrozenField, FrozenSetInvalid, read_frozen
 from dataplane_service_kit.errors import ServiceError
-from query_gateway.clients.pull import VerifiedPull
 from query_gateway.records.request import RecordsQuery, RequestRefused
 from query_gateway.records.startup import FITTING
 from query_gateway.records.values import Bound, bound
@@ -21,10 +20,10 @@ Frozen = dict[str, FrozenField]
 OUTSIDE = "a client filter names a field or operator outside this flow's frozen filter set"
 
 
-def frozen_of(grant: VerifiedPull) -> Frozen | None:
-    """The grant's frozen set for its dataset, or None; 403 grant_invalid when malformed."""
+def frozen_of(grant_extensions: str | None, dataset_id: str) -> Frozen | None:
+    """A grant's frozen set for its dataset, or None; 403 grant_invalid when malformed."""
     try:
-        return read_frozen(grant.grant_extensions, grant.dataset_id)
+        return read_frozen(grant_extensions, dataset_id)
     except FrozenSetInvalid:
         raise ServiceError("grant_invalid", "the flow's frozen filter set is malformed") from None
 

@@ -11,14 +11,12 @@ from sqlglot import exp
 
 from dataplane_service_kit.errors import ServiceError
 from query_gateway.access_log import AccessContext
-from query_gateway.clients.connector import resolve_connector
-from query_gateway.clients.pull import VerifiedPull
+from query_gateway.deps import pull_grant, pull_request
 from query_gateway.pipeline import narrow_for_dataspace, validate
 from query_gateway.records.cursor import CursorCodec, filter_set_digest
 from query_gateway.records.frozen import bounds_of, check_evaluable, frozen_of, metadata_of
 from query_gateway.records.request import parse_records_query, refuse_any_parameter
 from query_gateway.records.values import Bound
-from query_gateway.rules.verdicts import DataspaceRequest, parse_purpose
 from query_gateway.sql.model import NarrowedQuery
 from query_gateway.sql.scope import DIALECT
 from query_gateway.state import Gateway
@@ -38,24 +36,13 @@ class Headers:
     purpose: str | None
 
 
-async def _verified(gw: Gateway, h: Headers, dataset_id: str, ctx: AccessContext) -> VerifiedPull:
-    assert gw.pull is not None  # mounted only with DPS_ENABLED
-
-    grant = await gw.pull.verify(h.authorization, h.agreement, ctx.as_consumer)
-    if dataset_id != grant.dataset_id:
-        # the same answer for a dataset that exists and one that does not
-        raise ServiceError("not_offered", "the flow's pull token is not for this dataset")
-    ctx.touching([dataset_id])
-    return grant
-
-
 async def stream_metadata(
     gw: Gateway, h: Headers, dataset_id: str, query_string: bytes, ctx: AccessContext
 ) -> dict[str, object]:
     """The flow's frozen set and nothing of the current catalogue, even when one of its filters
     cannot be evaluated now."""
-    grant = await _verified(gw, h, dataset_id, ctx)
-    frozen = frozen_of(grant)
+    grant = await pull_grant(gw, h.authorization, h.agreement, ctx, dataset_id)
+    frozen = frozen_of(grant.grant_extensions, grant.dataset_id)
     refuse_any_parameter(query_string)
     ctx.succeeded()
     return metadata_of(dataset_id, frozen)
@@ -70,8 +57,8 @@ async def records_page(
     query_string: bytes,
     ctx: AccessContext,
 ) -> dict[str, object]:
-    grant = await _verified(gw, h, dataset_id, ctx)
-    frozen = frozen_of(grant)  # before anything is served
+    grant = await pull_grant(gw, h.authorization, h.agreement, ctx, dataset_id)
+    frozen = frozen_of(grant.grant_extensions, grant.dataset_id)  # before anything is served
     query = parse_records_query(query_string)
     bounds = bounds_of(query, frozen)  # the frozen set alone decides, before any declaration
     entry = gw.entries.get(dataset_id)
@@ -83,14 +70,7 @@ async def records_page(
     key = entry.records.key
     after = codec.decode(query.cursor, grant.flow_id, dataset_id, digest, len(key)) if query.cursor else None
 
-    req = DataspaceRequest(
-        consumer=grant.consumer,
-        provider=grant.provider,
-        connector_base=resolve_connector(gw.settings, grant.provider),
-        agreement_id=grant.agreement_id,
-        transfer_id=h.transfer or None,
-        purpose=parse_purpose(h.purpose),
-    )
+    req = pull_request(gw, grant, h.transfer, h.purpose)
     whole = f"SELECT * FROM {_ident(dataset_id)}"  # noqa: S608 - a quoted identifier
     q = await validate(gw, whole, ctx)
     granted = await narrow_for_dataspace(gw, q, req, ctx)

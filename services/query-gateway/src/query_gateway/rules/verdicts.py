@@ -3,7 +3,7 @@ catalogue's two layers it must meet, each layer's request, and RF-10's disclosur
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 
 from pydantic import ValidationError
@@ -15,7 +15,6 @@ from dataplane_contracts.plans import Plan
 from dataplane_service_kit.errors import ServiceError
 from query_gateway.rules.layers import LayerRequest
 from query_gateway.rules.policy import is_allow_all
-from query_gateway.sql import ColumnTypes
 
 
 @dataclass(frozen=True)
@@ -140,9 +139,9 @@ def derived_plan(j: Judged, layer: Binds, build: Callable[[], Plan]) -> Plan:
     return plan
 
 
-def column_checked(columns: ColumnTypes, j: Judged, plan: Plan) -> Plan:
+def column_checked(table_columns: Container[str], j: Judged, plan: Plan) -> Plan:
     """A plan built from ds's filter names a column the table has, or nothing is served."""
-    if plan.column is not None and plan.column not in columns.get(j.entry.table, {}):
+    if plan.column is not None and plan.column not in table_columns:
         # the column came from ds's filter, not from the consumer: ds and catalogue disagree
         raise unreadable(j.entry.id, "sent a row filter naming a column the dataset does not have")
     return plan
