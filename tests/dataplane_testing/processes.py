@@ -3,13 +3,18 @@ waited for, scraped, stopped and killed the same way for every service."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
+import yaml
 
-from dataplane_local.infra import free_port
+from dataplane_local.infra import free_port, wait_port
 from dataplane_local.procs import stop_process
 from dataplane_local.timeouts import scaled
 
@@ -103,3 +108,19 @@ class ServiceProcess:
         """SIGTERM, a clean shutdown given its time, then SIGKILL."""
         if self.proc is not None:
             stop_process(self.proc)
+
+
+@contextlib.contextmanager
+def double_process(module: str, config: dict[str, Any], tmp_path: Path) -> Iterator[str]:
+    """A development double (`python -m <module> --port … --config …`) as a process of its own,
+    its YAML configuration written to `tmp_path`; yields its base URL, terminates it after."""
+    path = tmp_path / "double.yaml"
+    path.write_text(yaml.safe_dump(config))
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", module, "--port", str(port), "--config", str(path)])
+    try:
+        wait_port(port)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)

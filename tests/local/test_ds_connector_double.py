@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,12 +10,11 @@ from typing import Any
 import httpx
 import jwt
 import pytest
-import yaml
 
 from dataplane_local.doubles.ds_connector import DsConnectorDouble, create_app
 from dataplane_local.doubles.oidc import start_oidc_issuer
 from dataplane_local.doubles.server import RunningServer, serve_in_thread
-from dataplane_local.infra import free_port, wait_port
+from dataplane_testing.processes import double_process
 
 REF = "ab" * 32
 POLICY: dict[str, Any] = {
@@ -260,23 +257,7 @@ def test_service_bearer_checked_against_oidc_jwks_when_configured(
 
 
 def test_runs_as_a_process_with_a_yaml_policy(tmp_path: Path) -> None:
-    config = tmp_path / "policy.yaml"
-    config.write_text(yaml.safe_dump(POLICY))
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "dataplane_local.doubles.ds_connector",
-            "--port",
-            str(port),
-            "--config",
-            str(config),
-        ]
-    )
-    try:
-        wait_port(port)
-        url = f"http://127.0.0.1:{port}"
+    with double_process("dataplane_local.doubles.ds_connector", POLICY, tmp_path) as url:
         assert authorize(url, "agr-1", ["open_data"]).json()["decision"] == "allow"
         token = httpx.post(f"{url}/_control", json={"action": "mint_edr", "consumer": "did:web:c"}).json()[
             "token"
@@ -285,6 +266,3 @@ def test_runs_as_a_process_with_a_yaml_policy(tmp_path: Path) -> None:
         assert (
             jwt.decode(token, key, algorithms=["ES256"], options={"verify_aud": False})["aud"] == "did:web:c"
         )
-    finally:
-        proc.terminate()
-        proc.wait(10)

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from dataplane_local.doubles.oidc import OidcIssuer, start_oidc_issuer
 from dataplane_local.doubles.rec_registry import RecRegistryDouble, create_app
 from dataplane_local.doubles.server import RunningServer, serve_in_thread
-from dataplane_local.infra import free_port, wait_port
+from dataplane_testing.processes import double_process
 
 CONFIG: dict[str, Any] = {
     "members": {
@@ -152,28 +149,9 @@ def test_admin_lookup_by_user_ids(rec: tuple[RecRegistryDouble, RunningServer], 
 
 
 def test_runs_as_a_process_and_members_set_over_http(tmp_path: Path, oidc: OidcIssuer) -> None:
-    config = tmp_path / "rec.yaml"
-    config.write_text(yaml.safe_dump(CONFIG))
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "dataplane_local.doubles.rec_registry",
-            "--port",
-            str(port),
-            "--config",
-            str(config),
-        ]
-    )
-    try:
-        wait_port(port)
-        url = f"http://127.0.0.1:{port}"
+    with double_process("dataplane_local.doubles.rec_registry", CONFIG, tmp_path) as url:
         token = oidc.mint({"preferred_username": "dave"})
         assert assets(url, token).status_code == 403
         member = {"action": "set_member", "username": "dave", "assets": [{"key": "k", "sensor_id": "POD-9"}]}
         assert httpx.post(f"{url}/_control", json=member).status_code == 200
         assert [a["sensor_id"] for a in assets(url, token).json()["items"]] == ["POD-9"]
-    finally:
-        proc.terminate()
-        proc.wait(10)
