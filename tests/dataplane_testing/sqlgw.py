@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import asyncpg
@@ -292,34 +292,73 @@ def statements(draw: st.DrawFn) -> str:
 
 # Issue 19: predicates that raise on one chosen (pod, value) — a division by zero or a failing
 # cast — in every clause a caller's predicate can sit in. The row they aim at may be permitted
-# (then B raises too) or forbidden (then B holds no such row): the answer must be B's either way,
-# an error exactly when B errs.
+# (then B raises too) or forbidden (then B holds no such row).
 RAISE = "1 / (CASE WHEN {a}.pod = '{p}' AND {a}.value = {n} THEN 0 ELSE 1 END) = 1"
 CAST_RAISE = "CAST(CASE WHEN {a}.pod = '{p}' AND {a}.value = {n} THEN 'x' ELSE '1' END AS integer) = 1"
+# Each guard's quiet twins: the same predicate, but on the aimed-at row it answers NULL (the row
+# does not pass), then TRUE (it passes), where the guard raises. Every other row gets what it got.
+QUIET = {
+    RAISE: (
+        "1 / (CASE WHEN {a}.pod = '{p}' AND {a}.value = {n} THEN NULL ELSE 1 END) = 1",
+        "1 / (CASE WHEN {a}.pod = '{p}' AND {a}.value = {n} THEN 1 ELSE 1 END) = 1",
+    ),
+    CAST_RAISE: (
+        "CAST(CASE WHEN {a}.pod = '{p}' AND {a}.value = {n} THEN NULL ELSE '1' END AS integer) = 1",
+        "CAST(CASE WHEN {a}.pod = '{p}' AND {a}.value = {n} THEN '1' ELSE '1' END AS integer) = 1",
+    ),
+}
+
+
+def _raising_templates(on: Callable[[str], str]) -> dict[str, str]:
+    """The statements, by the clause the guard sits in; `on(alias)` is the guard over that alias."""
+    return {
+        "where": f"SELECT r.id, r.pod FROM readings r WHERE {on('r')}",
+        "where, beside another condition": f"SELECT r.id FROM readings r WHERE r.org = 'org-a' AND {on('r')}",
+        "join on": f"SELECT a.id FROM readings a JOIN readings b ON a.id = b.id AND {on('b')}",
+        "left join on": f"SELECT r.id, m.kind FROM readings r LEFT JOIN grid.meters m ON m.pod = r.pod AND {on('r')}",
+        "having": f"SELECT r.pod, r.value, count(*) AS n FROM readings r GROUP BY r.pod, r.value HAVING {on('r')}",
+        "materialized cte": f"WITH c AS MATERIALIZED (SELECT * FROM readings x WHERE {on('x')}) SELECT c.id FROM c",
+        "inlined cte": f"WITH c AS (SELECT * FROM readings) SELECT c.id FROM c WHERE {on('c')}",
+        "derived table": f"SELECT d.id FROM (SELECT * FROM readings x) d WHERE {on('d')}",
+        "in subquery": f"SELECT m.pod FROM grid.meters m WHERE m.pod IN (SELECT r.pod FROM readings r WHERE {on('r')})",
+        "count": f"SELECT count(*) AS n FROM readings r WHERE {on('r')}",
+    }
+
+
+RAISING_POSITIONS = tuple(_raising_templates(str))
+
+
+@dataclass(frozen=True)
+class Raising:
+    """A statement whose guard raises on the aimed-at row, and its quiet twins (`QUIET`): the same
+    statement with the guard answering NULL, then TRUE, on that row instead of raising.
+
+    Why the twins: SQL does not say on which rows a predicate is evaluated, and PostgreSQL skips
+    rows whenever the plan allows. A semi-join driven by a nested loop stops at the first inner
+    row that matches, so the aimed-at row behind it is never read, while a hash semi-join on B
+    evaluates the guard on every row first. Where the guard is never evaluated on the aimed-at
+    row, what it would have answered there cannot change the rows: they equal both twins' rows."""
+
+    sql: str
+    twins: tuple[str, str]
+
+
+def raising_statement(position: str, guard: str, p: str, n: int) -> Raising:
+    """The statement at `position` (one of RAISING_POSITIONS) with `guard` aimed at (p, n)."""
+
+    def build(g: str) -> str:
+        return _raising_templates(lambda a: g.format(a=a, p=p, n=n))[position]
+
+    null, true = QUIET[guard]
+    return Raising(build(guard), (build(null), build(true)))
 
 
 @st.composite
-def raising_statements(draw: st.DrawFn) -> str:
+def raising_statements(draw: st.DrawFn) -> Raising:
     n = draw(st.sampled_from(sorted({v for _, _, v, _ in READINGS})))
     p = draw(st.sampled_from(FORGED_PODS))
     guard = draw(st.sampled_from([RAISE, CAST_RAISE]))
-
-    def on(a: str) -> str:
-        return guard.format(a=a, p=p, n=n)
-
-    templates = [
-        f"SELECT r.id, r.pod FROM readings r WHERE {on('r')}",
-        f"SELECT r.id FROM readings r WHERE r.org = 'org-a' AND {on('r')}",
-        f"SELECT a.id FROM readings a JOIN readings b ON a.id = b.id AND {on('b')}",
-        f"SELECT r.id, m.kind FROM readings r LEFT JOIN grid.meters m ON m.pod = r.pod AND {on('r')}",
-        f"SELECT r.pod, r.value, count(*) AS n FROM readings r GROUP BY r.pod, r.value HAVING {on('r')}",
-        f"WITH c AS MATERIALIZED (SELECT * FROM readings x WHERE {on('x')}) SELECT c.id FROM c",
-        f"WITH c AS (SELECT * FROM readings) SELECT c.id FROM c WHERE {on('c')}",
-        f"SELECT d.id FROM (SELECT * FROM readings x) d WHERE {on('d')}",
-        f"SELECT m.pod FROM grid.meters m WHERE m.pod IN (SELECT r.pod FROM readings r WHERE {on('r')})",
-        f"SELECT count(*) AS n FROM readings r WHERE {on('r')}",
-    ]
-    return draw(st.sampled_from(templates))
+    return raising_statement(draw(st.sampled_from(RAISING_POSITIONS)), guard, p, n)
 
 
 def multiset(rows: list[tuple[object, ...]]) -> list[tuple[object, ...]]:
