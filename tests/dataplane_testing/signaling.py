@@ -25,7 +25,9 @@ from dataplane_contracts.dps import DEFAULT_PULL_GRANT_ROLE
 from dataplane_contracts.topics import FLOW_EVENTS
 from dataplane_local.timeouts import scaled
 from signaling.app import create_app
+from signaling.metrics import Metrics
 from signaling.settings import Settings
+from signaling.state import AppState
 
 from .databases import admin
 from .processes import ServiceProcess
@@ -120,6 +122,7 @@ def settings_values(db_url: str, bootstrap: str, oidc_url: str, signing_pem: str
 class Running:
     client: httpx.AsyncClient
     settings: Settings
+    metrics: Metrics  # the app's own: what its /metrics serves
 
 
 @asynccontextmanager
@@ -128,9 +131,10 @@ async def run_app(values: dict[str, Any]) -> AsyncIterator[Running]:
     settings = Settings(**values)
     app = create_app(settings)
     async with app.router.lifespan_context(app):
+        state: AppState = app.state.signaling
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://signaling") as client:
-            yield Running(client, settings)
+            yield Running(client, settings, state.metrics)
 
 
 async def ensure_pull_grant_role(server_url: str) -> str:

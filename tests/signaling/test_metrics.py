@@ -7,6 +7,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from dataplane_contracts.dps import FlowState
+from dataplane_testing.metrics import sample, scrape
 from dataplane_testing.signaling import FLOWS, auth, new_id, run_app, start_message
 
 
@@ -70,3 +71,27 @@ async def test_flows_by_state_are_right_without_an_outbox_relay(
         await app.client.post(f"{FLOWS}/{first}/terminate", headers=h)
         await app.client.post(f"{FLOWS}/{second}/completed", json={}, headers=h)
         assert _flows(await _samples(app)) == {**zero, "PREPARED": 1.0, "TERMINATED": 1.0, "COMPLETED": 1.0}
+
+
+async def test_two_signaling_apps_in_one_process_have_their_own_metrics(
+    base_settings: dict[str, Any], cp_token: Any
+) -> None:
+    """Each app counts on a registry of its own (nothing process-global): a signal to one app is
+    seen in its registry and its /metrics, not in the other's; the readiness gauge is per app too."""
+    started = {"signal": "start", "outcome": "ok"}
+    async with run_app(base_settings) as one, run_app(base_settings) as other:
+        assert one.metrics.registry is not other.metrics.registry
+        message = start_message(new_id())
+        answer = await one.client.post(f"{FLOWS}/start", json=message, headers=auth(cp_token()))
+        assert answer.status_code == 200, answer.text
+        assert one.metrics.registry.get_sample_value("signaling_signals_total", started) == 1
+        assert other.metrics.registry.get_sample_value("signaling_signals_total", started) is None
+        assert one.metrics.registry.get_sample_value("signaling_pull_tokens_issued_total") == 1
+        assert other.metrics.registry.get_sample_value("signaling_pull_tokens_issued_total") == 0
+        assert sample(await scrape(one.client), "signaling_signals_total", **started) == 1
+        assert sample(await scrape(other.client), "signaling_signals_total", **started) == 0
+        # the dependency gauge sits on each app's registry: only the probed app reports it
+        assert (await other.client.get("/readyz")).status_code == 200
+        up = {"dependency": "database", "required": "true"}
+        assert other.metrics.registry.get_sample_value("readiness_dependency_up", up) == 1
+        assert one.metrics.registry.get_sample_value("readiness_dependency_up", up) is None

@@ -12,6 +12,7 @@ whose loss only refuses some requests (each with its own code): the replica stay
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 
 from fastapi import APIRouter, Response
@@ -34,12 +35,14 @@ disable_created_metrics()  # type: ignore[no-untyped-call]
 ReadinessCheck = Callable[[], Awaitable[bool]]
 Checks = Callable[[], Mapping[str, ReadinessCheck]]
 
-# one gauge per registry: several apps (tests, or one process serving two) may share a registry
-_GAUGES: dict[int, Gauge] = {}
+# one gauge per registry: several apps (tests, or one process serving two) may share a registry.
+# Weakly keyed by the registry itself, not by id(): a registry per app is dropped with its app, and
+# a later one given the same id must get a gauge of its own, not the dead one's
+_GAUGES: weakref.WeakKeyDictionary[CollectorRegistry, Gauge] = weakref.WeakKeyDictionary()
 
 
 def dependency_gauge(registry: CollectorRegistry = REGISTRY) -> Gauge:
-    gauge = _GAUGES.get(id(registry))
+    gauge = _GAUGES.get(registry)
     if gauge is None:
         gauge = Gauge(
             "readiness_dependency_up",
@@ -47,7 +50,7 @@ def dependency_gauge(registry: CollectorRegistry = REGISTRY) -> Gauge:
             ["dependency", "required"],
             registry=registry,
         )
-        _GAUGES[id(registry)] = gauge
+        _GAUGES[registry] = gauge
     return gauge
 
 

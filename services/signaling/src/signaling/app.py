@@ -25,12 +25,13 @@ from dataplane_service_kit.openapi import distribution_version, openapi_document
 from dataplane_service_kit.request_durations import RequestDurations
 from dataplane_service_kit.request_ids import RequestIds
 from dataplane_service_kit.telemetry import FASTAPI_TELEMETRY
-from signaling import audit, metrics
+from signaling import audit
 from signaling.callback_relay import CallbackRelay
 from signaling.callbacks import ControlPlaneClient
 from signaling.catalogue import CatalogueSource
 from signaling.did_web import DidWebResolver
 from signaling.flows import FlowService
+from signaling.metrics import FlowGauge, Metrics
 from signaling.migrate import check_at_head
 from signaling.oidc import JwtVerifier
 from signaling.openapi import SECURITY_SCHEMES
@@ -71,6 +72,7 @@ def _build_dps(settings: Settings, state: AppState) -> Dps:
         refresh_endpoint=settings.refresh_endpoint(),
         catalogue=CatalogueSource(settings.catalogue_path) if settings.catalogue_path else None,
         asynchronous=settings.dps_async_signals,
+        metrics=state.metrics,
     )
     control_planes = ControlPlaneClient(state.http, state.engine, tokens, settings.callback_timeout_seconds)
     callbacks = CallbackRelay(
@@ -82,6 +84,7 @@ def _build_dps(settings: Settings, state: AppState) -> Dps:
         poll_interval_s=settings.outbox_poll_interval_ms / 1000,
         # a token fetch and the POST, each bounded by the callback timeout, and a margin
         attempt_s=2 * settings.callback_timeout_seconds + 1,
+        metrics=state.metrics,
         on_commit=on_commit,
     )
     flows.on_callback_owed = callbacks.wake
@@ -105,12 +108,13 @@ def _build_dps(settings: Settings, state: AppState) -> Dps:
                 allow_http=settings.dps_did_web_allow_http,
                 timeout_s=settings.callback_timeout_seconds,
             ),
+            metrics=state.metrics,
         ),
         callbacks=callbacks,
     )
 
 
-def _lifespan(settings: Settings):  # type: ignore[no-untyped-def]
+def _lifespan(settings: Settings, metrics: Metrics):  # type: ignore[no-untyped-def]
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = create_async_engine(
@@ -144,9 +148,10 @@ def _lifespan(settings: Settings):  # type: ignore[no-untyped-def]
                 producer,
                 settings.outbox_poll_interval_ms / 1000,
                 settings.outbox_batch_size,
+                metrics=metrics,
             )
-        gauge = metrics.FlowGauge(engine, settings.flow_metrics_interval_seconds)
-        state = AppState(settings, engine, http, producer, relay, gauge, None)
+        gauge = FlowGauge(engine, metrics, settings.flow_metrics_interval_seconds)
+        state = AppState(settings, engine, http, producer, relay, metrics, gauge, None)
         if settings.dps_enabled:
             state.dps = _build_dps(settings, state)
         app.state.signaling = state
@@ -221,7 +226,7 @@ def _sqlstate(exc: Exception) -> str | None:
     return None
 
 
-def _install_audited_errors(app: FastAPI) -> None:
+def _install_audited_errors(app: FastAPI, metrics: Metrics) -> None:
     """Render errors once (service kit) and, for signalling routes, write the GS-02 record."""
     install_error_handlers(app, invalid_request_code="invalid_message")
     render_service = app.exception_handlers[ServiceError]
@@ -232,7 +237,7 @@ def _install_audited_errors(app: FastAPI) -> None:
             caller = getattr(request.state, "caller", None)
             action = "dps.token_refresh" if request.url.path == REFRESH_PATH else "dps.signal"
             audit.signal_refused(request, code, status, caller, action)
-            metrics.SIGNALS.labels(signal=_signal_of(request), outcome=code).inc()
+            metrics.signals.labels(signal=_signal_of(request), outcome=code).inc()
 
     async def on_service_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ServiceError)
@@ -285,11 +290,13 @@ class RecountFlowsOnScrape:
 
 
 def create_app(settings: Settings) -> FastAPI:
+    # this app's own registry: made here, not in the lifespan, as the middleware below needs it
+    metrics = Metrics()
     app = FastAPI(
         title="dataplane signaling",
         summary="Data Plane Signaling: data flows, pull tokens, control-plane registrations",
         version=distribution_version("dataplane-signaling"),
-        lifespan=_lifespan(settings),
+        lifespan=_lifespan(settings, metrics),
         openapi_url="/openapi.json",
         docs_url="/docs",
         redoc_url=None,
@@ -298,11 +305,12 @@ def create_app(settings: Settings) -> FastAPI:
     app.openapi = openapi_document(  # type: ignore[method-assign]
         app, security_schemes=SECURITY_SCHEMES if settings.dps_enabled else None
     )
-    _install_audited_errors(app)
+    _install_audited_errors(app, metrics)
     app.add_middleware(RecountFlowsOnScrape)
-    app.add_middleware(RequestDurations, histogram=metrics.REQUEST_DURATION)
+    app.add_middleware(RequestDurations, histogram=metrics.request_duration)
     app.add_middleware(RequestIds)  # the outermost of ours: every answer carries X-Request-ID
-    app.include_router(health_router(lambda: _checks(app)))
+    # /metrics renders this app's registry (readiness_dependency_up is registered on it too)
+    app.include_router(health_router(lambda: _checks(app), registry=metrics.registry))
     if settings.dps_enabled:  # DPS-01: nothing under /dps exists otherwise
         app.include_router(dps_router())
         app.include_router(token_router())

@@ -29,9 +29,10 @@ from datetime import timedelta
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from dataplane_service_kit.logs import get_logger
-from signaling import metrics, repository
+from signaling import repository
 from signaling.callbacks import CallbackFailed, ControlPlaneClient
 from signaling.flows import Advanced, FlowService
+from signaling.metrics import Metrics
 from signaling.repository import FlowRecord, OwedCallback
 
 log = get_logger(__name__)
@@ -55,11 +56,13 @@ class CallbackRelay:
         max_retry_s: float,
         poll_interval_s: float,
         attempt_s: float,
+        metrics: Metrics,
         on_commit: Callable[[], None] = lambda: None,
     ) -> None:
         self._engine = engine
         self._flows = flows
         self._control_planes = control_planes
+        self._metrics = metrics
         self._first = first_retry_s
         self._max = max_retry_s
         self._interval = poll_interval_s
@@ -100,13 +103,13 @@ class CallbackRelay:
             return False
         owed, flow, action = claimed.owed, claimed.flow, claimed.advanced.action
         if action is None or flow is None:
-            metrics.CALLBACKS.labels(action=owed.action, outcome="dropped").inc()
+            self._metrics.callbacks.labels(action=owed.action, outcome="dropped").inc()
             log.info("callback_dropped", flow_id=owed.flow_id, action=owed.action)
             return True
         try:
             await self._control_planes.notify(flow, action, claimed.advanced.message)
         except CallbackFailed as exc:
-            metrics.CALLBACKS.labels(action=action, outcome="failed").inc()
+            self._metrics.callbacks.labels(action=action, outcome="failed").inc()
             # the reason names a status or an exception class, never a body or a token
             log.warning(
                 "callback_failed",
@@ -122,7 +125,7 @@ class CallbackRelay:
             return True
         async with self._engine.begin() as conn:
             await repository.finish_callback(conn, owed.id, "delivered")
-        metrics.CALLBACKS.labels(action=action, outcome="delivered").inc()
+        self._metrics.callbacks.labels(action=action, outcome="delivered").inc()
         log.info("callback_delivered", flow_id=flow.id, action=action, attempt=owed.attempts)
         return True
 

@@ -29,8 +29,9 @@ from dataplane_contracts.dps import (
 )
 from dataplane_service_kit.errors import ServiceError
 from dataplane_service_kit.telemetry import kafka_headers
-from signaling import metrics, repository
+from signaling import repository
 from signaling.catalogue import CatalogueSource, frozen_extensions
+from signaling.metrics import Metrics
 from signaling.repository import FlowExists, FlowRecord
 from signaling.tokens import PullTokenSigner, TokenPair
 
@@ -85,6 +86,7 @@ class FlowService:
         public_url: str,
         transfer_types: list[str],
         *,
+        metrics: Metrics,
         on_commit: Callable[[], None] = lambda: None,
         refresh_endpoint: str = "",
         catalogue: CatalogueSource | None = None,
@@ -92,6 +94,7 @@ class FlowService:
     ) -> None:
         self._engine = engine
         self._signer = signer
+        self._metrics = metrics
         self._public_url = public_url
         self._types = {canonical_transfer_type(t) for t in transfer_types}
         self._on_commit = on_commit
@@ -221,7 +224,7 @@ class FlowService:
         credentials, address = self._issue(FlowRecord.from_values(values))
         values.update(credentials)
         await self._create(FlowRecord.from_values(values), values, "start")
-        metrics.TOKENS_ISSUED.inc()
+        self._metrics.tokens_issued.inc()
         return DataFlowStatusMessage(data_flow_id=msg.flow_id, state=FlowState.STARTED, data_address=address)
 
     # ------------------------------------------------------------------ asynchronous completion
@@ -254,7 +257,7 @@ class FlowService:
             await self._commit_transition(conn, flow, "start", target, credentials)
         else:
             await repository.update_flow(conn, flow.id, credentials)
-        metrics.TOKENS_ISSUED.inc()
+        self._metrics.tokens_issued.inc()
         return Advanced(
             "started", DataFlowStatusMessage(data_flow_id=flow.id, state=target, data_address=address)
         )
@@ -286,7 +289,7 @@ class FlowService:
             await self._commit_transition(conn, flow, signal, target, retired)
         self._on_commit()
         if flow.token_id is not None:
-            metrics.TOKENS_RETIRED.inc()
+            self._metrics.tokens_retired.inc()
 
     async def suspend(self, flow_id: str, caller: str) -> None:
         await self._retiring(flow_id, caller, "suspend", FlowState.SUSPENDED)
@@ -333,7 +336,7 @@ class FlowService:
         self._on_commit()
         if issued is None:
             return DataFlowStatusMessage(data_flow_id=flow_id, state=FlowState.STARTED)
-        metrics.TOKENS_ISSUED.inc()
+        self._metrics.tokens_issued.inc()
         return DataFlowStatusMessage(data_flow_id=flow_id, state=FlowState.STARTED, data_address=issued)
 
     async def status(self, flow_id: str, caller: str) -> DataFlowStatusResponse:

@@ -1,11 +1,21 @@
-"""Prometheus metrics (process-global, as prometheus_client's registry is)."""
+"""Prometheus metrics, on a registry per app so two apps in one process (tests) never collide.
+
+Nothing is registered at import: `create_app` makes one `Metrics` and hands it to what counts."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from dataplane_contracts.dps import FlowState
@@ -15,19 +25,47 @@ from signaling import repository
 
 log = get_logger(__name__)
 
-REQUEST_DURATION = Histogram(
-    "signaling_request_duration_seconds", DURATION_HELP, DURATION_LABELS, buckets=BUCKETS
-)
-FLOWS = Gauge("signaling_flows", "Data flows in the database by state", ["state"])
-SIGNALS = Counter("signaling_signals_total", "Signals received by signal and outcome", ["signal", "outcome"])
-TOKENS_ISSUED = Counter("signaling_pull_tokens_issued_total", "Pull tokens issued")
-TOKENS_RETIRED = Counter("signaling_pull_tokens_retired_total", "Pull tokens retired")
-CALLBACKS = Counter(
-    "signaling_callbacks_total",
-    "DPS-12 callback attempts of asynchronous signals by action and outcome (delivered, failed, dropped)",
-    ["action", "outcome"],
-)
-EVENTS_PUBLISHED = Counter("signaling_flow_events_published_total", "Outbox rows published to Kafka")
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        # what prometheus_client's global registry served beside ours when /metrics rendered it
+        # (process_*, python_info, python_gc_*), kept so the exposition stays the same; in its order
+        GCCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        ProcessCollector(registry=self.registry)
+        self.request_duration = Histogram(
+            "signaling_request_duration_seconds",
+            DURATION_HELP,
+            DURATION_LABELS,
+            buckets=BUCKETS,
+            registry=self.registry,
+        )
+        self.flows = Gauge(
+            "signaling_flows", "Data flows in the database by state", ["state"], registry=self.registry
+        )
+        self.signals = Counter(
+            "signaling_signals_total",
+            "Signals received by signal and outcome",
+            ["signal", "outcome"],
+            registry=self.registry,
+        )
+        self.tokens_issued = Counter(
+            "signaling_pull_tokens_issued_total", "Pull tokens issued", registry=self.registry
+        )
+        self.tokens_retired = Counter(
+            "signaling_pull_tokens_retired_total", "Pull tokens retired", registry=self.registry
+        )
+        self.callbacks = Counter(
+            "signaling_callbacks_total",
+            "DPS-12 callback attempts of asynchronous signals by action and outcome (delivered, failed, "
+            "dropped)",
+            ["action", "outcome"],
+            registry=self.registry,
+        )
+        self.events_published = Counter(
+            "signaling_flow_events_published_total", "Outbox rows published to Kafka", registry=self.registry
+        )
 
 
 class FlowGauge:
@@ -38,8 +76,11 @@ class FlowGauge:
     and it then holds with or without an outbox relay in this process. `min_interval_s` > 0 lets
     a large flows table be recounted at most that often (several scrapers)."""
 
-    def __init__(self, engine: AsyncEngine, min_interval_s: float = 0.0, timeout_s: float = 2.0) -> None:
+    def __init__(
+        self, engine: AsyncEngine, metrics: Metrics, min_interval_s: float = 0.0, timeout_s: float = 2.0
+    ) -> None:
         self._engine = engine
+        self._gauge = metrics.flows
         self._min_interval = min_interval_s
         self._timeout = timeout_s
         self._counted_at: float | None = None
@@ -56,4 +97,4 @@ class FlowGauge:
             return
         self._counted_at = now
         for state in FlowState:  # states with no flow left must read 0, not their last count
-            FLOWS.labels(state=state.value).set(counts.get(state.value, 0))
+            self._gauge.labels(state=state.value).set(counts.get(state.value, 0))

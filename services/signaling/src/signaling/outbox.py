@@ -14,7 +14,8 @@ from sqlalchemy import exists, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from dataplane_service_kit.logs import get_logger
-from signaling import metrics, repository
+from signaling import repository
+from signaling.metrics import Metrics
 from signaling.tables import outbox
 
 log = get_logger(__name__)
@@ -27,9 +28,12 @@ class OutboxRelay:
         producer: AIOKafkaProducer,
         poll_interval_s: float = 0.5,
         batch_size: int = 100,
+        *,
+        metrics: Metrics,
     ) -> None:
         self._engine = engine
         self._producer = producer
+        self._metrics = metrics
         self._interval = poll_interval_s
         self._batch = batch_size
         self._wake = asyncio.Event()
@@ -79,7 +83,7 @@ class OutboxRelay:
             await conn.execute(
                 update(outbox).where(outbox.c.id.in_([r.id for r in rows])).values(sent_at=repository.now())
             )
-        metrics.EVENTS_PUBLISHED.inc(len(rows))
+        self._metrics.events_published.inc(len(rows))
         return len(rows)
 
     async def run(self) -> None:

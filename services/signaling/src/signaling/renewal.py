@@ -23,8 +23,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from dataplane_contracts.dps import PULL_TOKEN_ALGORITHM, FlowState
 from dataplane_service_kit.errors import ServiceError
-from signaling import metrics, repository
+from signaling import repository
 from signaling.did_web import DidUnresolvable, DidWebResolver, KeyNotFound
+from signaling.metrics import Metrics
 from signaling.tokens import PullTokenSigner, refresh_hash
 
 CLIENT_JWT_ALGORITHMS = ["ES256"]
@@ -68,12 +69,15 @@ class TokenRenewal:
         signer: PullTokenSigner,
         verifying_key: ec.EllipticCurvePublicKey,
         resolver: DidWebResolver,
+        *,
+        metrics: Metrics,
         on_commit: Callable[[], None] = lambda: None,
     ) -> None:
         self._engine = engine
         self._signer = signer
         self._own_key = verifying_key
         self._resolver = resolver
+        self._metrics = metrics
         self._on_commit = on_commit
 
     @staticmethod
@@ -193,5 +197,5 @@ class TokenRenewal:
                 values |= {"token_id": pair.access_id, "refresh_hash": digest}
             await repository.update_flow(conn, flow.id, values)
         self._on_commit()
-        metrics.TOKENS_ISSUED.inc()
+        self._metrics.tokens_issued.inc()
         return RenewedTokens(new.access_token, new.refresh_token, new.expires_in)

@@ -31,10 +31,11 @@ from dataplane_contracts.dps import (
 )
 from dataplane_service_kit.authorization import bearer
 from dataplane_service_kit.errors import ServiceError
-from signaling import metrics, repository
 from signaling import openapi as api
+from signaling import repository
+from signaling.metrics import Metrics
 from signaling.oidc import InvalidToken
-from signaling.state import Dps, app_state, dps_state
+from signaling.state import Dps, app_metrics, app_state, dps_state
 
 
 async def authenticate(request: Request) -> str:
@@ -81,10 +82,11 @@ def signalling_caller(request: Request) -> str:
 
 Caller = Annotated[str, Depends(signalling_caller)]
 DpsDep = Annotated[Dps, Depends(dps_state)]
+MetricsDep = Annotated[Metrics, Depends(app_metrics)]
 
 
-def _ok(signal: str) -> None:
-    metrics.SIGNALS.labels(signal=signal, outcome="ok").inc()
+def _ok(metrics: Metrics, signal: str) -> None:
+    metrics.signals.labels(signal=signal, outcome="ok").inc()
 
 
 _PENDING = frozenset({FlowState.PREPARING, FlowState.STARTING})
@@ -111,7 +113,7 @@ def dps_router() -> APIRouter:
             "This data plane's registration (DPS-10)", *api.REGISTRATION, ok=DataPlaneRegistrationMessage
         ),
     )
-    async def registration(request: Request, _: Caller) -> JSONResponse:
+    async def registration(request: Request, _: Caller, metrics: MetricsDep) -> JSONResponse:
         """DPS-10: EDC's data-plane registration body, without the authorization profile."""
         settings = app_state(request).settings
         msg = DataPlaneRegistrationMessage(
@@ -120,7 +122,7 @@ def dps_router() -> APIRouter:
             transferTypes=list(settings.dps_transfer_types),
             labels=list(settings.dps_labels),
         )
-        _ok("registration")
+        _ok(metrics, "registration")
         return JSONResponse(msg.model_dump(mode="json", by_alias=True))
 
     @router.put(
@@ -128,14 +130,14 @@ def dps_router() -> APIRouter:
         **api.signal("Register or replace a control plane (DPS-11)", *api.CONTROL_PLANE_PUT),
     )
     async def register_control_plane(
-        msg: ControlPlaneRegistrationMessage, caller: Caller, request: Request
+        msg: ControlPlaneRegistrationMessage, caller: Caller, request: Request, metrics: MetricsDep
     ) -> Response:
         """DPS-11: register or replace; the authorization profile is accepted and dropped."""
         async with app_state(request).engine.begin() as conn:
             ok = await repository.register_control_plane(conn, msg.controlplane_id, msg.endpoint, caller)
         if not ok:
             raise ServiceError("control_plane_taken", "this control plane id is registered by another client")
-        _ok("controlplanes")
+        _ok(metrics, "controlplanes")
         return Response(status_code=200)
 
     @router.delete(
@@ -144,12 +146,14 @@ def dps_router() -> APIRouter:
             "Remove a control plane registration (DPS-11)", *api.CONTROL_PLANE_DELETE, ok_status=204
         ),
     )
-    async def delete_control_plane(controlplane_id: str, caller: Caller, request: Request) -> Response:
+    async def delete_control_plane(
+        controlplane_id: str, caller: Caller, request: Request, metrics: MetricsDep
+    ) -> Response:
         async with app_state(request).engine.begin() as conn:
             ok = await repository.delete_control_plane(conn, controlplane_id, caller)
         if not ok:
             raise ServiceError("control_plane_not_found", "no such control plane registration")
-        _ok("controlplanes")
+        _ok(metrics, "controlplanes")
         return Response(status_code=204)
 
     @flows.post(
@@ -162,9 +166,11 @@ def dps_router() -> APIRouter:
             accepted=True,
         ),
     )
-    async def prepare(msg: DataFlowPrepareMessage, caller: Caller, dps: DpsDep) -> JSONResponse:
+    async def prepare(
+        msg: DataFlowPrepareMessage, caller: Caller, dps: DpsDep, metrics: MetricsDep
+    ) -> JSONResponse:
         answer = await dps.flows.prepare(msg, caller)
-        _ok("prepare")
+        _ok(metrics, "prepare")
         return _status(answer)
 
     @flows.post(
@@ -177,9 +183,11 @@ def dps_router() -> APIRouter:
             accepted=True,
         ),
     )
-    async def start(msg: DataFlowStartMessage, caller: Caller, dps: DpsDep) -> JSONResponse:
+    async def start(
+        msg: DataFlowStartMessage, caller: Caller, dps: DpsDep, metrics: MetricsDep
+    ) -> JSONResponse:
         answer = await dps.flows.start(msg, caller)
-        _ok("start")
+        _ok(metrics, "start")
         return _status(answer)
 
     @flows.post(
@@ -190,10 +198,11 @@ def dps_router() -> APIRouter:
         flow_id: str,
         caller: Caller,
         dps: DpsDep,
+        metrics: MetricsDep,
         msg: Annotated[DataFlowStartedMessage | None, Body()] = None,
     ) -> Response:
         await dps.flows.started(flow_id, None if msg is None else msg.data_address, caller)
-        _ok("started")
+        _ok(metrics, "started")
         return Response(status_code=200)
 
     @flows.post(
@@ -203,10 +212,11 @@ def dps_router() -> APIRouter:
         flow_id: str,
         caller: Caller,
         dps: DpsDep,
+        metrics: MetricsDep,
         msg: Annotated[DataFlowSuspendMessage | None, Body()] = None,
     ) -> Response:
         await dps.flows.suspend(flow_id, caller)
-        _ok("suspend")
+        _ok(metrics, "suspend")
         return Response(status_code=200)
 
     @flows.post(
@@ -221,10 +231,11 @@ def dps_router() -> APIRouter:
         flow_id: str,
         caller: Caller,
         dps: DpsDep,
+        metrics: MetricsDep,
         msg: Annotated[DataFlowResumeMessage | None, Body()] = None,
     ) -> JSONResponse:
         answer = await dps.flows.resume(flow_id, None if msg is None else msg.data_address, caller)
-        _ok("resume")
+        _ok(metrics, "resume")
         return _status(answer)
 
     @flows.post(
@@ -235,28 +246,29 @@ def dps_router() -> APIRouter:
         flow_id: str,
         caller: Caller,
         dps: DpsDep,
+        metrics: MetricsDep,
         msg: Annotated[DataFlowTerminateMessage | None, Body()] = None,
     ) -> Response:
         await dps.flows.terminate(flow_id, caller)
-        _ok("terminate")
+        _ok(metrics, "terminate")
         return Response(status_code=200)
 
     @flows.post(
         "/{flow_id}/completed", **api.signal("Complete a flow; its token dies (DPS-07)", *api.COMPLETED)
     )
-    async def completed(flow_id: str, caller: Caller, dps: DpsDep) -> Response:
+    async def completed(flow_id: str, caller: Caller, dps: DpsDep, metrics: MetricsDep) -> Response:
         """The body (normally `{}`) is ignored."""
         await dps.flows.completed(flow_id, caller)
-        _ok("completed")
+        _ok(metrics, "completed")
         return Response(status_code=200)
 
     @flows.get(
         "/{flow_id}/status",
         **api.signal("A flow's state (DPS-08)", *api.STATUS, ok=DataFlowStatusResponse),
     )
-    async def status(flow_id: str, caller: Caller, dps: DpsDep) -> JSONResponse:
+    async def status(flow_id: str, caller: Caller, dps: DpsDep, metrics: MetricsDep) -> JSONResponse:
         answer = await dps.flows.status(flow_id, caller)
-        _ok("status")
+        _ok(metrics, "status")
         return JSONResponse(answer.model_dump(mode="json", by_alias=True))
 
     router.include_router(flows)
@@ -273,7 +285,7 @@ def token_router() -> APIRouter:
     router = APIRouter()
 
     @router.post(REFRESH_PATH, **api.token_route())
-    async def renew_token(request: Request, dps: DpsDep) -> JSONResponse:
+    async def renew_token(request: Request, dps: DpsDep, metrics: MetricsDep) -> JSONResponse:
         """RFC 6749 section 6 (refresh_token grant) answered per its section 5.1, never cached."""
         if request.headers.get("content-type", "").split(";")[0].strip().lower() != _FORM:
             raise ServiceError("invalid_refresh_request", "the renewal must be an url-encoded form")
@@ -289,7 +301,7 @@ def token_router() -> APIRouter:
             request.state.caller = did  # named in the access record once its JWT verified
 
         renewed = await dps.renewal.renew(form, bearer(request.headers.get("authorization")), identified)
-        _ok("token")
+        _ok(metrics, "token")
         return JSONResponse(renewed.wire(), headers={"Cache-Control": "no-store", "Pragma": "no-cache"})
 
     return router

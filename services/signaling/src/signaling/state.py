@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from signaling.callback_relay import CallbackRelay
 from signaling.callbacks import ControlPlaneClient
 from signaling.flows import FlowService
-from signaling.metrics import FlowGauge
+from signaling.metrics import FlowGauge, Metrics
 from signaling.oidc import JwtVerifier
 from signaling.outbox import OutboxRelay
 from signaling.renewal import TokenRenewal
@@ -36,6 +36,7 @@ class AppState:
     http: httpx.AsyncClient
     producer: AIOKafkaProducer
     relay: OutboxRelay | None
+    metrics: Metrics  # this app's registry, the one its /metrics serves
     flow_gauge: FlowGauge
     dps: Dps | None
 
@@ -43,6 +44,10 @@ class AppState:
 def app_state(request: Request) -> AppState:
     state: AppState = request.app.state.signaling
     return state
+
+
+def app_metrics(request: Request) -> Metrics:
+    return app_state(request).metrics
 
 
 def dps_state(request: Request) -> Dps:
