@@ -20,7 +20,6 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from prometheus_client import REGISTRY
 from pydantic import ValidationError
 
 from dataplane_contracts.ds import AuthorizeRequest, DecisionEnvelope
@@ -38,6 +37,7 @@ from dataplane_testing.metrics import scrape
 from dataplane_testing.metrics import series as metric
 from dataplane_testing.topics import TopicTail
 from query_gateway.clients.decision_cache import DecisionKey, DsDecisionCache, decision_key
+from query_gateway.metrics import Metrics
 
 HITS = "query_gateway_ds_decision_cache_hits_total"
 MISSES = "query_gateway_ds_decision_cache_misses_total"
@@ -91,13 +91,18 @@ def envelope(ttl: Any = 60, decision: str = "allow", *, cache_field: bool = True
     return DecisionEnvelope.model_validate(body)
 
 
+# the caches below count into this registry (the app's, in the gateway)
+METRICS = Metrics()
+
+
 def counted() -> tuple[float, float]:
-    return (REGISTRY.get_sample_value(HITS) or 0.0, REGISTRY.get_sample_value(MISSES) or 0.0)
+    registry = METRICS.registry
+    return (registry.get_sample_value(HITS) or 0.0, registry.get_sample_value(MISSES) or 0.0)
 
 
 def test_ds_decision_cache_serves_before_the_ttl_and_never_at_or_after_it() -> None:
     clock = Clock()
-    cache = DsDecisionCache(10, clock=clock)
+    cache = DsDecisionCache(10, clock=clock, metrics=METRICS)
     answer = envelope(ttl=10)
     cache.put(key(), answer)
     clock.t += 9.999
@@ -111,7 +116,7 @@ def test_ds_decision_cache_serves_before_the_ttl_and_never_at_or_after_it() -> N
 
 def test_ds_decision_cache_the_ttl_counts_from_when_ds_was_asked() -> None:
     clock = Clock(100.0)
-    cache = DsDecisionCache(10, clock=clock)
+    cache = DsDecisionCache(10, clock=clock, metrics=METRICS)
     cache.put(key(), envelope(ttl=10), asked_at=95.0)  # the answer took 5 s to arrive
     clock.t = 104.9
     assert cache.get(key()) is not None
@@ -135,7 +140,7 @@ def test_ds_decision_cache_the_ttl_counts_from_when_ds_was_asked() -> None:
     ],
 )
 def test_ds_decision_cache_another_question_never_shares_an_answer(base: str, over: dict[str, Any]) -> None:
-    cache = DsDecisionCache(10, clock=Clock())
+    cache = DsDecisionCache(10, clock=Clock(), metrics=METRICS)
     cache.put(key(), envelope())
     assert cache.get(key(base, **over)) is None
     cache.put(key(base, **over), envelope(decision="deny"))
@@ -146,7 +151,7 @@ def test_ds_decision_cache_another_question_never_shares_an_answer(base: str, ov
 
 @pytest.mark.parametrize("datasets", [["stats", "readings"], ["stats", "readings", "stats"]])
 def test_ds_decision_cache_the_same_dataset_set_in_another_order_shares(datasets: list[str]) -> None:
-    cache = DsDecisionCache(10, clock=Clock())
+    cache = DsDecisionCache(10, clock=Clock(), metrics=METRICS)
     answer = envelope()
     cache.put(key(), answer)
     assert cache.get(key(dataset_ids=datasets)) is answer
@@ -156,14 +161,14 @@ def test_ds_decision_cache_the_same_dataset_set_in_another_order_shares(datasets
     ("ttl", "cache_field"), [(0, True), (-5, True), (None, True), ("null", True), (None, False)]
 )
 def test_ds_decision_cache_an_answer_without_a_positive_ttl_is_not_kept(ttl: Any, cache_field: bool) -> None:
-    cache = DsDecisionCache(10, clock=Clock())
+    cache = DsDecisionCache(10, clock=Clock(), metrics=METRICS)
     cache.put(key(), envelope(ttl=ttl, cache_field=cache_field))
     assert len(cache) == 0
     assert cache.get(key()) is None
 
 
 def test_ds_decision_cache_a_newer_answer_without_a_ttl_retires_the_kept_one() -> None:
-    cache = DsDecisionCache(10, clock=Clock())
+    cache = DsDecisionCache(10, clock=Clock(), metrics=METRICS)
     cache.put(key(), envelope(ttl=60))
     cache.put(key(), envelope(ttl=0))
     assert cache.get(key()) is None
@@ -171,7 +176,7 @@ def test_ds_decision_cache_a_newer_answer_without_a_ttl_retires_the_kept_one() -
 
 def test_ds_decision_cache_a_deny_is_kept_like_an_allow() -> None:
     clock = Clock()
-    cache = DsDecisionCache(10, clock=clock)
+    cache = DsDecisionCache(10, clock=clock, metrics=METRICS)
     deny = envelope(ttl=5, decision="deny")
     cache.put(key(), deny)
     assert cache.get(key()) is deny
@@ -180,7 +185,7 @@ def test_ds_decision_cache_a_deny_is_kept_like_an_allow() -> None:
 
 
 def test_ds_decision_cache_maxsize_bounds_it_evicting_the_least_recently_used() -> None:
-    cache = DsDecisionCache(2, clock=Clock())
+    cache = DsDecisionCache(2, clock=Clock(), metrics=METRICS)
     one, two, three = (key(transfer_id=f"tp-{i}") for i in (1, 2, 3))
     cache.put(one, envelope())
     cache.put(two, envelope())
@@ -194,7 +199,7 @@ def test_ds_decision_cache_maxsize_bounds_it_evicting_the_least_recently_used() 
 
 
 def test_ds_decision_cache_disabled_keeps_nothing_and_counts_nothing() -> None:
-    cache = DsDecisionCache(10, enabled=False, clock=Clock())
+    cache = DsDecisionCache(10, enabled=False, clock=Clock(), metrics=METRICS)
     before = counted()
     cache.put(key(), envelope())
     assert cache.get(key()) is None
@@ -204,7 +209,7 @@ def test_ds_decision_cache_disabled_keeps_nothing_and_counts_nothing() -> None:
 
 def test_ds_decision_cache_counts_hits_and_misses_an_expired_entry_is_a_miss() -> None:
     clock = Clock()
-    cache = DsDecisionCache(10, clock=clock)
+    cache = DsDecisionCache(10, clock=clock, metrics=METRICS)
     hits, misses = counted()
     assert cache.get(key()) is None
     cache.put(key(), envelope(ttl=1))
@@ -216,7 +221,7 @@ def test_ds_decision_cache_counts_hits_and_misses_an_expired_entry_is_a_miss() -
 
 
 def test_ds_decision_cache_the_kept_envelope_cannot_be_changed_by_its_readers() -> None:
-    cache = DsDecisionCache(10, clock=Clock())
+    cache = DsDecisionCache(10, clock=Clock(), metrics=METRICS)
     cache.put(key(), envelope())
     kept = cache.get(key())
     assert kept is not None

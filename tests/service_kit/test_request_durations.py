@@ -64,10 +64,10 @@ DECLARED = ("query_gateway_request_duration_seconds", "signaling_request_duratio
 
 @pytest.mark.parametrize("name", DECLARED)
 def test_the_gateway_and_signaling_declare_their_histogram(name: str) -> None:
-    from prometheus_client import REGISTRY
+    from query_gateway.metrics import Metrics as GatewayMetrics
+    from signaling.metrics import Metrics as SignalingMetrics
 
-    import query_gateway.metrics  # noqa: F401 - declares the gateway's
-    import signaling.metrics  # noqa: F401 - declares signaling's
-
-    kinds = {metric.name: metric.type for metric in REGISTRY.collect()}
+    # each app's registry, as its /metrics serves it
+    registries = (GatewayMetrics().registry, SignalingMetrics().registry)
+    kinds = {metric.name: metric.type for registry in registries for metric in registry.collect()}
     assert kinds.get(name) == "histogram"

@@ -22,6 +22,9 @@ from prometheus_client import (
     REGISTRY,
     CollectorRegistry,
     Gauge,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
     disable_created_metrics,
     generate_latest,
 )
@@ -31,6 +34,18 @@ from dataplane_service_kit.openapi import HEALTHZ_RESPONSES, METRICS_RESPONSES, 
 # no `<name>_created` twin beside each counter and histogram: a series per metric (and label set)
 # that no dashboard or alert reads, in every service that serves /metrics through this module
 disable_created_metrics()  # type: ignore[no-untyped-call]
+
+
+def app_registry() -> CollectorRegistry:
+    """A registry for one app's metrics, with what prometheus_client's global registry serves
+    beside them (process_*, python_info, python_gc_*, in its order): an app's /metrics reads as
+    it did on the global registry, and two apps in one process never count into each other."""
+    registry = CollectorRegistry()
+    GCCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    ProcessCollector(registry=registry)
+    return registry
+
 
 ReadinessCheck = Callable[[], Awaitable[bool]]
 Checks = Callable[[], Mapping[str, ReadinessCheck]]

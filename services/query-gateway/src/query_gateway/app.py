@@ -34,7 +34,7 @@ from query_gateway.clients.plan_client import PlanClient
 from query_gateway.clients.pull import PullVerifier
 from query_gateway.clients.pull import flows_pool as flows_pool_of
 from query_gateway.clients.rate_limit import RateLimiter, default_limit
-from query_gateway.metrics import REQUEST_DURATION
+from query_gateway.metrics import Metrics
 from query_gateway.pipeline import QueryBody
 from query_gateway.records.cursor import CursorCodec
 from query_gateway.records.routes import install_profile_errors, records_router
@@ -87,7 +87,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         )
         await producer.start()
         stack.push_async_callback(_bounded_stop, producer)
-        plans = PlanClient(settings, redis, producer)
+        plans = PlanClient(settings, redis, producer, app.state.metrics)
         await plans.start()
         stack.push_async_callback(plans.stop)
         http = connector_http(settings)
@@ -117,8 +117,10 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             oidc=OidcVerifier(
                 http, settings.oidc_jwks_uri(), settings.oidc_issuer(), settings.celine_oidc_audience
             ),
-            connector=ConnectorClient(http, settings, service_tokens(http, settings)),
-            disclosures=DisclosurePublisher(producer, settings.audit_publish_timeout_ms),
+            connector=ConnectorClient(
+                http, settings, service_tokens(http, settings), metrics=app.state.metrics
+            ),
+            disclosures=DisclosurePublisher(producer, settings.audit_publish_timeout_ms, app.state.metrics),
             pull=pull,
             mask_key=checked.mask_key,
             limiter=RateLimiter(
@@ -126,8 +128,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                 settings.row_filters_cache_key_secret.get_secret_value().encode(),
                 default_limit(settings.rate_limit_per_second, settings.rate_limit_burst),
             ),
+            metrics=app.state.metrics,
         )
-        watch_catalogue(app.state, pool, checked, stack)  # SIGHUP reloads it
+        watch_catalogue(app.state, pool, checked, stack, app.state.metrics)  # SIGHUP reloads it
 
         # readiness asks the broker itself (metadata, answer kept 1.5 s), not a flag set at start
         broker = CachedProbe(producer.client.fetch_all_metadata, name="kafka")
@@ -223,6 +226,8 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.openapi = openapi_document(app, exact=(QueryBody,))  # type: ignore[method-assign]
     app.state.settings = settings
+    # this app's metrics (served by its /metrics); nothing of ours is in the global registry
+    metrics = app.state.metrics = Metrics()
     app.state.checks = {}
     app.state.capabilities = {}
     app.state.cursor_codec = None
@@ -240,11 +245,14 @@ def create_app(settings: Settings) -> FastAPI:
         max_bytes=settings.query_max_body_bytes,
         spans=ServerSpans(),
         state=app.state,
+        metrics=metrics,
     )
-    app.add_middleware(RequestDurations, histogram=REQUEST_DURATION)
+    app.add_middleware(RequestDurations, histogram=metrics.request_duration)
     # before any route reads the body: FastAPI decodes it before the handler runs
     app.add_middleware(
-        BodyLimit, max_bytes=settings.query_max_body_bytes, refused=body_refusals(settings.dps_enabled)
+        BodyLimit,
+        max_bytes=settings.query_max_body_bytes,
+        refused=body_refusals(settings.dps_enabled, metrics),
     )
 
     def checks() -> Mapping[str, ReadinessCheck]:
@@ -261,7 +269,7 @@ def create_app(settings: Settings) -> FastAPI:
         named: Mapping[str, ReadinessCheck] = app.state.capabilities
         return named
 
-    app.include_router(health_router(checks, capabilities=capabilities))
+    app.include_router(health_router(checks, registry=metrics.registry, capabilities=capabilities))
     app.include_router(query_router())
     if settings.dps_enabled:  # DPS-01: the pull route exists only on a DPS data plane
         app.include_router(dps_router())

@@ -22,7 +22,6 @@ from query_gateway.access_log import AccessContext
 from query_gateway.clients.connector import resolve_connector
 from query_gateway.clients.identity import Caller
 from query_gateway.clients.pull import VerifiedPull
-from query_gateway.metrics import REQUESTS
 from query_gateway.rules.verdicts import DataspaceRequest, parse_purpose
 from query_gateway.state import Gateway
 
@@ -55,23 +54,28 @@ def _trace_id(headers: Headers) -> str | None:
 
 
 async def guarded(
-    route: str, ctx: AccessContext, run: Callable[[], Awaitable[dict[str, object]]], asked_limit: int | None
+    gw: Gateway,
+    route: str,
+    ctx: AccessContext,
+    run: Callable[[], Awaitable[dict[str, object]]],
+    asked_limit: int | None,
 ) -> Response:
     """Runs one request: the access records and metrics of its outcome, the answer or the
-    refusal with the request's id; anything unexpected re-raised."""
+    refusal with the request's id; a fault of ours answered 500 internal_error, counted alike."""
+    requests = gw.metrics.requests
     try:
         body = await run()
     except ServiceError as exc:
         ctx.failed(exc.code, exc.status_code)
-        REQUESTS.labels(route, str(exc.status_code), exc.code).inc()
+        requests.labels(route, str(exc.status_code), exc.code).inc()
         # the error's own status: a code's fixed one, or the records profile's 400 (RequestRefused)
         headers = {**(exc.headers or {}), HEADER: ctx.request_id}
         return problem_response(exc.code, exc.status_code, exc.detail, headers)
     except Exception as exc:  # a fault of ours: coded, counted and recorded like any refusal
         ctx.failed("internal_error", 500)
-        REQUESTS.labels(route, "500", "internal_error").inc()
+        requests.labels(route, "500", "internal_error").inc()
         return unexpected_response(exc, ctx.request_id)
-    REQUESTS.labels(route, "200", "").inc()
+    requests.labels(route, "200", "").inc()
     headers = {HEADER: ctx.request_id}
     applied = body.get("limit")
     if asked_limit is not None and applied is not None and applied != asked_limit:

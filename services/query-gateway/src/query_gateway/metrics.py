@@ -1,32 +1,77 @@
-"""Prometheus metrics of the gateway (default registry, served by /metrics)."""
+"""Prometheus metrics of the gateway, on a registry per app (served by its /metrics), so two apps
+in one process never count into each other. Nothing is registered at import: `create_app` makes
+one `Metrics` and hands it to what counts. Labels are paths, statuses, codes, tiers and hop names
+— never a caller, key or token (RF-08)."""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from dataplane_service_kit.health import app_registry
 from dataplane_service_kit.request_durations import BUCKETS, DURATION_HELP, DURATION_LABELS
 
-REQUESTS = Counter(
-    "query_gateway_requests_total",
-    "Query requests by path, status and error code",
-    ["path", "status", "code"],
-)
-PLAN_REPLIES_READ = Counter(
-    "query_gateway_plan_replies_total",
-    "Plan replies that answered a request, by the copy that came first: redis (the early copy on "
-    "this instance's channel) or kafka",
-    ["via"],
-)
-PLAN_CACHE = Counter("query_gateway_plan_cache_total", "Plan lookups by tier result", ["result"])
-DISCLOSURES = Counter("query_gateway_disclosures_published_total", "Disclosure events acknowledged")
-DS_DECISION_CACHE_HITS = Counter(
-    "query_gateway_ds_decision_cache_hits_total", "ds decisions served from this replica's cache"
-)
-DS_DECISION_CACHE_MISSES = Counter(
-    "query_gateway_ds_decision_cache_misses_total", "ds decision cache lookups that found no live entry"
-)
-# every HTTP request by route and status (the query routes observed by their plain door, the rest
-# by the framework's RequestDurations layer)
-REQUEST_DURATION = Histogram(
-    "query_gateway_request_duration_seconds", DURATION_HELP, DURATION_LABELS, buckets=BUCKETS
-)
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else app_registry()
+        r = self.registry
+        self.requests = Counter(
+            "query_gateway_requests_total",
+            "Query requests by path, status and error code",
+            ["path", "status", "code"],
+            registry=r,
+        )
+        self.plan_replies_read = Counter(
+            "query_gateway_plan_replies_total",
+            "Plan replies that answered a request, by the copy that came first: redis (the early copy "
+            "on this instance's channel) or kafka",
+            ["via"],
+            registry=r,
+        )
+        self.plan_cache = Counter(
+            "query_gateway_plan_cache_total", "Plan lookups by tier result", ["result"], registry=r
+        )
+        self.disclosures = Counter(
+            "query_gateway_disclosures_published_total", "Disclosure events acknowledged", registry=r
+        )
+        self.ds_decision_cache_hits = Counter(
+            "query_gateway_ds_decision_cache_hits_total",
+            "ds decisions served from this replica's cache",
+            registry=r,
+        )
+        self.ds_decision_cache_misses = Counter(
+            "query_gateway_ds_decision_cache_misses_total",
+            "ds decision cache lookups that found no live entry",
+            registry=r,
+        )
+        # every HTTP request by route and status (the query routes observed by their plain door,
+        # the rest by the framework's RequestDurations layer)
+        self.request_duration = Histogram(
+            "query_gateway_request_duration_seconds",
+            DURATION_HELP,
+            DURATION_LABELS,
+            buckets=BUCKETS,
+            registry=r,
+        )
+        # where a miss's time goes on this side (issue 12); labels are hop names only
+        self.miss_hops = Histogram(
+            "query_gateway_plan_miss_hop_seconds",
+            "Hops of a plan-cache miss: claim (store the claim check), request (publish the "
+            "PlanRequest), reply (request published → its reply read), reply_fetch (reply produced → "
+            "read here), plan_read (the resolved plan out of Redis)",
+            ["hop"],
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+            registry=r,
+        )
+        self.catalogue_info = Gauge(
+            "query_gateway_catalogue_info",
+            "1 for the catalogue file being served, by the first 12 hex digits of its SHA-256",
+            ["digest"],
+            registry=r,
+        )
+        self.catalogue_reloads = Counter(
+            "query_gateway_catalogue_reloads_total",
+            "Catalogue reloads (SIGHUP) by outcome",
+            ["outcome"],
+            registry=r,
+        )

@@ -41,7 +41,7 @@ from query_gateway.deps import (
     pull_request,
     token_check,
 )
-from query_gateway.metrics import REQUEST_DURATION, REQUESTS
+from query_gateway.metrics import Metrics
 from query_gateway.pipeline import QueryBody, explain_normal, run_dataspace, run_normal
 from query_gateway.records.frozen import frozen_of
 from query_gateway.records.request import RequestRefused, has_filter
@@ -72,12 +72,12 @@ async def answer_query(gw: Gateway, headers: Headers, body: QueryBody) -> Respon
             )
             return await run_dataspace(gw, body, req, ctx)
 
-        return await guarded("/query", ctx, edr, body.limit)
+        return await guarded(gw, "/query", ctx, edr, body.limit)
 
     async def normal() -> dict[str, object]:
         return await run_normal(gw, body, await caller_of(gw, authorization, ctx), ctx)
 
-    return await guarded("/query", ctx, normal, body.limit)
+    return await guarded(gw, "/query", ctx, normal, body.limit)
 
 
 async def answer_plan(gw: Gateway, headers: Headers, body: QueryBody) -> Response:
@@ -86,7 +86,7 @@ async def answer_plan(gw: Gateway, headers: Headers, body: QueryBody) -> Respons
     async def explain() -> dict[str, object]:
         return await explain_normal(gw, body, await caller_of(gw, headers.get("authorization"), ctx), ctx)
 
-    return await guarded("/query/plan", ctx, explain, None)
+    return await guarded(gw, "/query/plan", ctx, explain, None)
 
 
 async def answer_pull(gw: Gateway, headers: Headers, body: QueryBody) -> Response:
@@ -105,7 +105,7 @@ async def answer_pull(gw: Gateway, headers: Headers, body: QueryBody) -> Respons
         req = pull_request(gw, grant, headers.get("edc-transfer-process-id"), headers.get("edc-purpose"))
         return await run_dataspace(gw, body, req, ctx)
 
-    return await guarded("/dps/public/query", ctx, pull, body.limit)
+    return await guarded(gw, "/dps/public/query", ctx, pull, body.limit)
 
 
 def _routes(dps_enabled: bool) -> dict[str, Answer]:
@@ -115,7 +115,7 @@ def _routes(dps_enabled: bool) -> dict[str, Answer]:
     return routes
 
 
-def body_refusals(dps_enabled: bool) -> Callable[[Scope], None]:
+def body_refusals(dps_enabled: bool, metrics: Metrics) -> Callable[[Scope], None]:
     """What a body over QUERY_MAX_BODY_BYTES leaves (refused by the service kit's `BodyLimit`
     before any route ran): the request's metric and its access record, as for any refusal."""
     routes = set(_routes(dps_enabled))
@@ -125,7 +125,7 @@ def body_refusals(dps_enabled: bool) -> Callable[[Scope], None]:
         if route in routes:
             rid = from_scope(scope)
             context(_headers(scope), scope.get("method", "POST"), route, rid).failed("body_too_large", 413)
-            REQUESTS.labels(route, "413", "body_too_large").inc()
+            metrics.requests.labels(route, "413", "body_too_large").inc()
 
     return refused
 
@@ -191,12 +191,14 @@ class QueryRoutes:
         max_bytes: int | None = None,
         spans: ServerSpans | None = None,
         state: Any = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.app = app
         self.routes = _routes(dps_enabled)
         self.max_bytes = max_bytes
         self.spans = spans or ServerSpans({"OTEL_SDK_DISABLED": "true"})
         self.state = state  # where `gateway` is set by the lifespan (the FastAPI app's state)
+        self.metrics = metrics if metrics is not None else Metrics()  # the app's (request durations)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         answer = self.routes.get(scope["path"]) if scope["type"] == "http" else None
@@ -238,7 +240,7 @@ class QueryRoutes:
                 answered(span, status)
                 await response(scope, receive, send)
         finally:  # the door's routes have no path parameters: the path is the route
-            REQUEST_DURATION.labels(route, str(status)).observe(time.perf_counter() - started)
+            self.metrics.request_duration.labels(route, str(status)).observe(time.perf_counter() - started)
 
     def _declared_too_large(self, scope: Scope) -> bool:
         if self.max_bytes is None:

@@ -14,6 +14,7 @@ from query_gateway.clients.identity import OidcVerifier
 from query_gateway.clients.plan_client import PlanClient
 from query_gateway.clients.pull import PullVerifier
 from query_gateway.clients.rate_limit import RateLimiter
+from query_gateway.metrics import Metrics
 from query_gateway.rules.policy import needs_caller
 from query_gateway.settings import Settings
 from query_gateway.sql import ColumnTypes, QueryExecutor
@@ -33,6 +34,7 @@ class Gateway:
     pull: PullVerifier | None = None
     mask_key: MaskKey | None = None  # COLUMN_MASK_KEY, for the catalogue's `hash` column masks
     limiter: RateLimiter | None = None  # GS-14: the consumers' buckets (None: nothing limited)
+    metrics: Metrics = field(default_factory=Metrics)  # this app's registry (served by /metrics)
     entries: dict[str, DatasetEntry] = field(default_factory=dict)
     # some dataset can be read without a bearer: else an anonymous request is refused 401 before
     # its statement is parsed (what the statement says is no business of an anonymous caller)

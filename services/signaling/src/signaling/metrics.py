@@ -7,18 +7,11 @@ from __future__ import annotations
 import asyncio
 import time
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    GCCollector,
-    Histogram,
-    PlatformCollector,
-    ProcessCollector,
-)
+from prometheus_client import Counter, Gauge, Histogram
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from dataplane_contracts.dps import FlowState
+from dataplane_service_kit.health import app_registry
 from dataplane_service_kit.logs import get_logger
 from dataplane_service_kit.request_durations import BUCKETS, DURATION_HELP, DURATION_LABELS
 from signaling import repository
@@ -28,12 +21,7 @@ log = get_logger(__name__)
 
 class Metrics:
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        # what prometheus_client's global registry served beside ours when /metrics rendered it
-        # (process_*, python_info, python_gc_*), kept so the exposition stays the same; in its order
-        GCCollector(registry=self.registry)
-        PlatformCollector(registry=self.registry)
-        ProcessCollector(registry=self.registry)
+        self.registry = app_registry()
         self.request_duration = Histogram(
             "signaling_request_duration_seconds",
             DURATION_HELP,

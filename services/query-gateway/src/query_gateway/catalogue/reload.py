@@ -16,29 +16,20 @@ import signal
 from typing import Any
 
 import asyncpg
-from prometheus_client import Counter, Gauge
 
 from dataplane_service_kit.logs import get_logger
 from query_gateway.catalogue.early_signals import take_early_reload
 from query_gateway.catalogue.load import CatalogueRefused, CheckedCatalogue, check_catalogue
+from query_gateway.metrics import Metrics
 from query_gateway.state import gateway_of
 
 log = get_logger("query_gateway.catalogue")
 
-CATALOGUE_INFO = Gauge(
-    "query_gateway_catalogue_info",
-    "1 for the catalogue file being served, by the first 12 hex digits of its SHA-256",
-    ["digest"],
-)
-CATALOGUE_RELOADS = Counter(
-    "query_gateway_catalogue_reloads_total", "Catalogue reloads (SIGHUP) by outcome", ["outcome"]
-)
 
-
-def serving(checked: CheckedCatalogue) -> None:
+def serving(metrics: Metrics, checked: CheckedCatalogue) -> None:
     """The metric names this file alone."""
-    CATALOGUE_INFO.clear()
-    CATALOGUE_INFO.labels(digest=checked.digest).set(1)
+    metrics.catalogue_info.clear()
+    metrics.catalogue_info.labels(digest=checked.digest).set(1)
 
 
 class CatalogueReloader:
@@ -57,7 +48,7 @@ class CatalogueReloader:
             try:
                 checked = await check_catalogue(gw.settings, self.pool)
             except CatalogueRefused as exc:
-                CATALOGUE_RELOADS.labels(outcome="refused").inc()
+                gw.metrics.catalogue_reloads.labels(outcome="refused").inc()
                 log.error(
                     "catalogue reload refused, still serving the previous file",
                     reason=str(exc),
@@ -72,8 +63,8 @@ class CatalogueReloader:
                 entries={},  # rebuilt from the new catalogue (Gateway.__post_init__)
             )
             self.digest = checked.digest
-            serving(checked)
-            CATALOGUE_RELOADS.labels(outcome="reloaded").inc()
+            serving(gw.metrics, checked)
+            gw.metrics.catalogue_reloads.labels(outcome="reloaded").inc()
             log.info("catalogue_reloaded", datasets=len(checked.catalogue.datasets), digest=checked.digest)
             return True
 
@@ -101,10 +92,11 @@ def watch_catalogue(
     pool: asyncpg.Pool,
     checked: CheckedCatalogue,
     stack: contextlib.ExitStack[Any] | contextlib.AsyncExitStack[Any],
+    metrics: Metrics,
 ) -> CatalogueReloader:
     """The served file named in the metric, and SIGHUP bound to a reload until `stack` closes."""
     reloader = CatalogueReloader(state, pool, checked.digest)
-    serving(checked)
+    serving(metrics, checked)
     if reloader.install():
         stack.callback(reloader.uninstall)
         if take_early_reload():  # asked while starting: the file may have changed since it was read

@@ -20,6 +20,7 @@ from dataplane_service_kit.logs import get_logger
 from dataplane_service_kit.oauth import ClientCredentialsToken, TokenUnavailable
 from query_gateway.clients.decision_cache import DsDecisionCache, decision_key
 from query_gateway.clients.verified import VerifiedTokens, exp_of, memoisable
+from query_gateway.metrics import Metrics
 from query_gateway.settings import Settings
 
 log = get_logger("query_gateway.connector")
@@ -83,6 +84,7 @@ class ConnectorClient:
         settings: Settings,
         tokens: ClientCredentialsToken,
         edr_refetch_seconds: float = EDR_REFETCH_SECONDS,
+        metrics: Metrics | None = None,
     ) -> None:
         self._http = http
         self._settings = settings
@@ -92,7 +94,7 @@ class ConnectorClient:
         self._edr_refetch_seconds = edr_refetch_seconds
         self._verified: VerifiedTokens[EdrIdentity] = VerifiedTokens()
         self._decisions = DsDecisionCache(
-            settings.ds_decision_cache_maxsize, enabled=settings.ds_decision_cache_enabled
+            settings.ds_decision_cache_maxsize, enabled=settings.ds_decision_cache_enabled, metrics=metrics
         )
 
     async def _headers(self) -> dict[str, str]:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from dataplane_contracts.ds import AuthorizeRequest, DecisionEnvelope
 from dataplane_service_kit.bounded_cache import BoundedCache
-from query_gateway.metrics import DS_DECISION_CACHE_HITS, DS_DECISION_CACHE_MISSES
+from query_gateway.metrics import Metrics
 
 # (connector base, consumer DID, agreement, transfer, purpose as sent, sorted distinct datasets)
 DecisionKey = tuple[str, str, str, str | None, tuple[str, ...], tuple[str, ...]]
@@ -55,9 +55,16 @@ class DsDecisionCache:
     Single-threaded by design (the gateway's event loop): no method awaits, so no lock."""
 
     def __init__(
-        self, maxsize: int, *, enabled: bool = True, clock: Callable[[], float] = time.monotonic
+        self,
+        maxsize: int,
+        *,
+        enabled: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+        metrics: Metrics | None = None,
     ) -> None:
         self.enabled = enabled
+        metrics = metrics if metrics is not None else Metrics()
+        self._hits, self._misses = metrics.ds_decision_cache_hits, metrics.ds_decision_cache_misses
         self._clock = clock
         self._entries: BoundedCache[DecisionKey, tuple[float, DecisionEnvelope]] = BoundedCache(maxsize)
 
@@ -73,10 +80,10 @@ class DsDecisionCache:
         entry = self._entries.get(key)
         if entry is not None:
             if self._clock() < entry[0]:
-                DS_DECISION_CACHE_HITS.inc()
+                self._hits.inc()
                 return entry[1]
             self._entries.pop(key)  # expired: never served again, and no longer takes room
-        DS_DECISION_CACHE_MISSES.inc()
+        self._misses.inc()
         return None
 
     def put(self, key: DecisionKey, envelope: DecisionEnvelope, asked_at: float | None = None) -> None:

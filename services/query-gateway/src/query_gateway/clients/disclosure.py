@@ -15,13 +15,14 @@ from dataplane_contracts.topics import AUDIT_DISCLOSURES
 from dataplane_service_kit.errors import ServiceError
 from dataplane_service_kit.logs import get_logger
 from dataplane_service_kit.telemetry import kafka_headers
-from query_gateway.metrics import DISCLOSURES
+from query_gateway.metrics import Metrics
 
 log = get_logger("query_gateway.disclosure")
 
 
 class DisclosurePublisher:
-    def __init__(self, producer: AIOKafkaProducer, timeout_ms: int) -> None:
+    def __init__(self, producer: AIOKafkaProducer, timeout_ms: int, metrics: Metrics | None = None) -> None:
+        self._metrics = metrics if metrics is not None else Metrics()
         self._producer = producer
         self._timeout = timeout_ms / 1000
 
@@ -49,4 +50,4 @@ class DisclosurePublisher:
             raise ServiceError(
                 "audit_unavailable", "disclosure could not be recorded; no rows served"
             ) from None
-        DISCLOSURES.inc(len(events))
+        self._metrics.disclosures.inc(len(events))

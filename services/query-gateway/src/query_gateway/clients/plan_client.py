@@ -28,7 +28,6 @@ from typing import Any
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
-from prometheus_client import Histogram
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
@@ -47,20 +46,10 @@ from dataplane_service_kit.errors import ServiceError
 from dataplane_service_kit.logs import get_logger
 from dataplane_service_kit.telemetry import kafka_headers
 from query_gateway.clients.plan_notify import ReplyChannel
-from query_gateway.metrics import PLAN_CACHE, PLAN_REPLIES_READ
+from query_gateway.metrics import Metrics
 from query_gateway.settings import Settings
 
 log = get_logger("query_gateway.plans")
-
-# where a miss's time goes on this side (issue 12); labels are hop names only
-MISS_HOPS = Histogram(
-    "query_gateway_plan_miss_hop_seconds",
-    "Hops of a plan-cache miss: claim (store the claim check), request (publish the PlanRequest), "
-    "reply (request published → its reply read), reply_fetch (reply produced → read here), "
-    "plan_read (the resolved plan out of Redis)",
-    ["hop"],
-    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
-)
 
 
 def _unavailable(detail: str) -> ServiceError:
@@ -101,8 +90,15 @@ class _Answer:
 
 
 class PlanClient:
-    def __init__(self, settings: Settings, redis: aioredis.Redis, producer: AIOKafkaProducer) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        redis: aioredis.Redis,
+        producer: AIOKafkaProducer,
+        metrics: Metrics | None = None,
+    ) -> None:
         self._settings = settings
+        self._metrics = metrics if metrics is not None else Metrics()
         self._redis = redis
         self._producer = producer
         self._secret = settings.row_filters_cache_key_secret.get_secret_value().encode()
@@ -193,7 +189,9 @@ class PlanClient:
 
     def _observe_fetch(self, timestamp: int, timestamp_type: int) -> None:
         if timestamp_type == 0 and timestamp > 0:  # CreateTime, the resolver's clock (ms)
-            MISS_HOPS.labels("reply_fetch").observe(max(0.0, time.time() * 1000 - timestamp) / 1000)
+            self._metrics.miss_hops.labels("reply_fetch").observe(
+                max(0.0, time.time() * 1000 - timestamp) / 1000
+            )
 
     def _dispatch_reply(self, value: bytes | None) -> bool:
         """A Kafka reply; whether it answered a pending request."""
@@ -220,7 +218,7 @@ class PlanClient:
         if future is None or future.done():  # other instances' replies, or the second copy
             return False
         future.set_result(answer)
-        PLAN_REPLIES_READ.labels(via).inc()
+        self._metrics.plan_replies_read.labels(via).inc()
         return True
 
     # ------------------------------------------------------------------ resolve
@@ -230,9 +228,9 @@ class PlanClient:
         if plan is None:
             plan = await self._from_redis(key)
         if plan is not None:
-            PLAN_CACHE.labels("hit").inc()
+            self._metrics.plan_cache.labels("hit").inc()
             return plan
-        PLAN_CACHE.labels("miss").inc()
+        self._metrics.plan_cache.labels("miss").inc()
         task = self._inflight.get(key)
         if task is None:
             task = asyncio.create_task(self._request_plan(key, claim))
@@ -291,7 +289,7 @@ class PlanClient:
             except ValidationError:
                 raise _unavailable("resolved plan unreadable") from None
             finally:
-                MISS_HOPS.labels("plan_read").observe(time.perf_counter() - read_started)
+                self._metrics.miss_hops.labels("plan_read").observe(time.perf_counter() - read_started)
         raise _unavailable("resolved plan vanished before it was read")
 
     async def _ask(self, key: str, claim: ClaimCheck) -> _Answer:
@@ -319,7 +317,7 @@ class PlanClient:
                 except RedisError:
                     raise _unavailable("claim check could not be stored") from None
                 claimed = time.perf_counter()
-                MISS_HOPS.labels("claim").observe(claimed - started)
+                self._metrics.miss_hops.labels("claim").observe(claimed - started)
                 request = PlanRequest(
                     cache_key=key,
                     claim_check_id=claim_id,
@@ -336,9 +334,9 @@ class PlanClient:
                     headers=kafka_headers(),
                 )
                 sent = time.perf_counter()
-                MISS_HOPS.labels("request").observe(sent - claimed)
+                self._metrics.miss_hops.labels("request").observe(sent - claimed)
                 reply = await future
-                MISS_HOPS.labels("reply").observe(time.perf_counter() - sent)
+                self._metrics.miss_hops.labels("reply").observe(time.perf_counter() - sent)
                 return reply
         except TimeoutError:
             raise _unavailable("row filter resolution timed out") from None

@@ -53,7 +53,7 @@ async def _answer(request: Request, route: str, run: Run) -> Response:
     async def once() -> dict[str, object]:
         return await run(gw, ctx)
 
-    return await guarded(route, ctx, once, None)  # the records routes cap their own limit
+    return await guarded(gw, route, ctx, once, None)  # the records routes cap their own limit
 
 
 def _lower(request: Request) -> dict[str, str]:
