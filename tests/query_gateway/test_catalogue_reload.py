@@ -169,7 +169,7 @@ def test_gs08_sighup_serves_a_good_file_and_keeps_the_old_one_on_a_bad_file(
     )
     assert _digest(url) == second
     text = log.read_text()
-    assert "catalogue reload refused" in text and "typo.person: subject_key_mach" in text
+    assert "catalogue_reload_refused" in text and "typo.person: subject_key_mach" in text
     assert proc.poll() is None and _ready(url)
 
 

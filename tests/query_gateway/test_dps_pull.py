@@ -344,7 +344,7 @@ async def test_rf08_captured_debug_logs_of_a_pull_carry_no_key_principal_or_toke
     )
     assert r.json()["items"] == [{"id": 3, "pod": "pod-3"}], r.text
     text = "\n".join(f"{rec.getMessage()} {rec.msg!r} {rec.args!r}" for rec in caplog.records)
-    assert "narrowed statement withheld" in text  # DEBUG lines of this request were captured
+    assert "narrowed_statement_withheld" in text  # DEBUG lines of this request were captured
     # the token (whole, its claims segment and its id), the key and the principal
     for secret in (token, token.split(".")[1], jti, "pod-3", "erin-principal"):
         assert secret not in text

@@ -113,7 +113,7 @@ async def validate(gw: Gateway, sql: str | None, ctx: AccessContext) -> Validate
     q = await _off_loop_if_long(text, _validate_query, text, gw.catalogue)
     ctx.touching(list(q.dataset_ids))
     if _debug():
-        log.debug("query received", shape=shape_of(q.tree), datasets=list(q.dataset_ids))
+        log.debug("query_received", shape=shape_of(q.tree), datasets=list(q.dataset_ids))
     return q
 
 
@@ -186,9 +186,9 @@ async def _execute(gw: Gateway, narrowed: NarrowedQuery, body: QueryBody, datasp
         # RF-08: the predicate's values are the consenting subjects; even the shape stays out.
         # Guarded like the others: structlog runs its processors before stdlib drops the line
         if _debug():
-            log.debug("narrowed statement withheld on a dataspace request")
+            log.debug("narrowed_statement_withheld", reason="dataspace request")
     elif _debug():
-        log.debug("narrowed statement", shape=sql_shape(narrowed.sql), params=list(narrowed.param_labels))
+        log.debug("narrowed_statement", shape=sql_shape(narrowed.sql), params=list(narrowed.param_labels))
     limit = body.limit if body.limit > 0 else DEFAULT_LIMIT
     return await gw.executor.run(
         narrowed,

@@ -50,7 +50,7 @@ class CatalogueReloader:
             except CatalogueRefused as exc:
                 gw.metrics.catalogue_reloads.labels(outcome="refused").inc()
                 log.error(
-                    "catalogue reload refused, still serving the previous file",
+                    "catalogue_reload_refused",  # the previous file is still served
                     reason=str(exc),
                     digest=self.digest,
                 )
