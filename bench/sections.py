@@ -159,7 +159,7 @@ async def edr_and_pull(bench: Bench, report: Report, sizes: Sizes, h: Harness) -
         dataset = verdict["datasets"][0]
         full_spec = {
             **spec,
-            "disclosure": {  # what the gateway publishes for this request (dataspace.py)
+            "disclosure": {  # what the gateway publishes for this request (pipeline.py)
                 "provider_participant": DEMO_PROVIDER,
                 "consumer_id": DEMO_CONSUMER,
                 "agreement_id": AGREEMENT,

@@ -312,8 +312,8 @@ def create_app(settings: Settings) -> FastAPI:
     # /metrics renders this app's registry (readiness_dependency_up is registered on it too)
     app.include_router(health_router(lambda: _checks(app), registry=metrics.registry))
     if settings.dps_enabled:  # DPS-01: nothing under /dps exists otherwise
-        app.include_router(dps_router())
-        app.include_router(token_router())
+        app.include_router(dps_router(metrics))
+        app.include_router(token_router(metrics))
     return app
 
 

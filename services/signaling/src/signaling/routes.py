@@ -35,7 +35,7 @@ from signaling import openapi as api
 from signaling import repository
 from signaling.metrics import Metrics
 from signaling.oidc import InvalidToken
-from signaling.state import Dps, app_metrics, app_state, dps_state
+from signaling.state import Dps, app_state, dps_state
 
 
 async def authenticate(request: Request) -> str:
@@ -82,7 +82,6 @@ def signalling_caller(request: Request) -> str:
 
 Caller = Annotated[str, Depends(signalling_caller)]
 DpsDep = Annotated[Dps, Depends(dps_state)]
-MetricsDep = Annotated[Metrics, Depends(app_metrics)]
 
 
 def _ok(metrics: Metrics, signal: str) -> None:
@@ -101,7 +100,7 @@ def _status(msg: DataFlowStatusMessage) -> JSONResponse:
     return JSONResponse(msg.wire())
 
 
-def dps_router() -> APIRouter:
+def dps_router(metrics: Metrics) -> APIRouter:
     """`/dps`: this data plane's registration, the control planes and the flows, each route behind
     SignallingRoute (DPS-02 before anything else)."""
     router = APIRouter(prefix="/dps", route_class=SignallingRoute, tags=["dps"])
@@ -113,7 +112,7 @@ def dps_router() -> APIRouter:
             "This data plane's registration (DPS-10)", *api.REGISTRATION, ok=DataPlaneRegistrationMessage
         ),
     )
-    async def registration(request: Request, _: Caller, metrics: MetricsDep) -> JSONResponse:
+    async def registration(request: Request, _: Caller) -> JSONResponse:
         """DPS-10: EDC's data-plane registration body, without the authorization profile."""
         settings = app_state(request).settings
         msg = DataPlaneRegistrationMessage(
@@ -130,7 +129,7 @@ def dps_router() -> APIRouter:
         **api.signal("Register or replace a control plane (DPS-11)", *api.CONTROL_PLANE_PUT),
     )
     async def register_control_plane(
-        msg: ControlPlaneRegistrationMessage, caller: Caller, request: Request, metrics: MetricsDep
+        msg: ControlPlaneRegistrationMessage, caller: Caller, request: Request
     ) -> Response:
         """DPS-11: register or replace; the authorization profile is accepted and dropped."""
         async with app_state(request).engine.begin() as conn:
@@ -146,9 +145,7 @@ def dps_router() -> APIRouter:
             "Remove a control plane registration (DPS-11)", *api.CONTROL_PLANE_DELETE, ok_status=204
         ),
     )
-    async def delete_control_plane(
-        controlplane_id: str, caller: Caller, request: Request, metrics: MetricsDep
-    ) -> Response:
+    async def delete_control_plane(controlplane_id: str, caller: Caller, request: Request) -> Response:
         async with app_state(request).engine.begin() as conn:
             ok = await repository.delete_control_plane(conn, controlplane_id, caller)
         if not ok:
@@ -166,9 +163,7 @@ def dps_router() -> APIRouter:
             accepted=True,
         ),
     )
-    async def prepare(
-        msg: DataFlowPrepareMessage, caller: Caller, dps: DpsDep, metrics: MetricsDep
-    ) -> JSONResponse:
+    async def prepare(msg: DataFlowPrepareMessage, caller: Caller, dps: DpsDep) -> JSONResponse:
         answer = await dps.flows.prepare(msg, caller)
         _ok(metrics, "prepare")
         return _status(answer)
@@ -183,9 +178,7 @@ def dps_router() -> APIRouter:
             accepted=True,
         ),
     )
-    async def start(
-        msg: DataFlowStartMessage, caller: Caller, dps: DpsDep, metrics: MetricsDep
-    ) -> JSONResponse:
+    async def start(msg: DataFlowStartMessage, caller: Caller, dps: DpsDep) -> JSONResponse:
         answer = await dps.flows.start(msg, caller)
         _ok(metrics, "start")
         return _status(answer)
@@ -198,7 +191,6 @@ def dps_router() -> APIRouter:
         flow_id: str,
         caller: Caller,
         dps: DpsDep,
-        metrics: MetricsDep,
         msg: Annotated[DataFlowStartedMessage | None, Body()] = None,
     ) -> Response:
         await dps.flows.started(flow_id, None if msg is None else msg.data_address, caller)
@@ -212,7 +204,6 @@ def dps_router() -> APIRouter:
         flow_id: str,
         caller: Caller,
         dps: DpsDep,
-        metrics: MetricsDep,
         msg: Annotated[DataFlowSuspendMessage | None, Body()] = None,
     ) -> Response:
         await dps.flows.suspend(flow_id, caller)
@@ -231,7 +222,6 @@ def dps_router() -> APIRouter:
         flow_id: str,
         caller: Caller,
         dps: DpsDep,
-        metrics: MetricsDep,
         msg: Annotated[DataFlowResumeMessage | None, Body()] = None,
     ) -> JSONResponse:
         answer = await dps.flows.resume(flow_id, None if msg is None else msg.data_address, caller)
@@ -246,7 +236,6 @@ def dps_router() -> APIRouter:
         flow_id: str,
         caller: Caller,
         dps: DpsDep,
-        metrics: MetricsDep,
         msg: Annotated[DataFlowTerminateMessage | None, Body()] = None,
     ) -> Response:
         await dps.flows.terminate(flow_id, caller)
@@ -256,7 +245,7 @@ def dps_router() -> APIRouter:
     @flows.post(
         "/{flow_id}/completed", **api.signal("Complete a flow; its token dies (DPS-07)", *api.COMPLETED)
     )
-    async def completed(flow_id: str, caller: Caller, dps: DpsDep, metrics: MetricsDep) -> Response:
+    async def completed(flow_id: str, caller: Caller, dps: DpsDep) -> Response:
         """The body (normally `{}`) is ignored."""
         await dps.flows.completed(flow_id, caller)
         _ok(metrics, "completed")
@@ -266,7 +255,7 @@ def dps_router() -> APIRouter:
         "/{flow_id}/status",
         **api.signal("A flow's state (DPS-08)", *api.STATUS, ok=DataFlowStatusResponse),
     )
-    async def status(flow_id: str, caller: Caller, dps: DpsDep, metrics: MetricsDep) -> JSONResponse:
+    async def status(flow_id: str, caller: Caller, dps: DpsDep) -> JSONResponse:
         answer = await dps.flows.status(flow_id, caller)
         _ok(metrics, "status")
         return JSONResponse(answer.model_dump(mode="json", by_alias=True))
@@ -279,13 +268,13 @@ _FORM = "application/x-www-form-urlencoded"
 MAX_FORM_BYTES = 16 * 1024
 
 
-def token_router() -> APIRouter:
+def token_router(metrics: Metrics) -> APIRouter:
     """The consumer's renewal of an http-pull token: authenticated by its client JWT (renewal.py),
     not by a control plane's token, so outside SignallingRoute."""
     router = APIRouter()
 
     @router.post(REFRESH_PATH, **api.token_route())
-    async def renew_token(request: Request, dps: DpsDep, metrics: MetricsDep) -> JSONResponse:
+    async def renew_token(request: Request, dps: DpsDep) -> JSONResponse:
         """RFC 6749 section 6 (refresh_token grant) answered per its section 5.1, never cached."""
         if request.headers.get("content-type", "").split(";")[0].strip().lower() != _FORM:
             raise ServiceError("invalid_refresh_request", "the renewal must be an url-encoded form")

@@ -46,10 +46,6 @@ def app_state(request: Request) -> AppState:
     return state
 
 
-def app_metrics(request: Request) -> Metrics:
-    return app_state(request).metrics
-
-
 def dps_state(request: Request) -> Dps:
     dps = app_state(request).dps
     assert dps is not None, "DPS routes are only mounted when DPS is enabled"

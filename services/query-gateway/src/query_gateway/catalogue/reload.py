@@ -1,5 +1,5 @@
 """The catalogue reloaded on SIGHUP (docs/operations.md, "Reloading the catalogue"): the file is
-checked whole (catalogue_file.py) before anything changes; a file that fails keeps the catalogue
+checked whole (load.py) before anything changes; a file that fails keeps the catalogue
 being served and the log line says why. `query_gateway_catalogue_info{digest}` names the file
 being served, `query_gateway_catalogue_reloads_total{outcome}` counts the attempts.
 
