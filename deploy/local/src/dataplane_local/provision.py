@@ -17,6 +17,8 @@ PULL_READER = "dataplane_pull_reader"  # DPS_PULL_GRANT_ROLE: signaling's migrat
 DATASETS_READER = "dataplane_datasets_reader"  # the gateway's and resolver's read-only role
 ROLE_PASSWORD = "dataplane-local"  # development only; the embedded server trusts loopback anyway
 
+READER_TEMP_FILE_LIMIT = "256MB"  # the gateway's READER_TEMP_FILE_LIMIT (query_gateway.sql.execute)
+
 DEMO_PODS = ["IT001E00000001", "IT001E00000002", "IT001E00000003", "IT001E00000004"]
 DEMO_HOURS = 24
 
@@ -78,6 +80,9 @@ async def provision_postgres(admin_url: str) -> None:
         for role in (PULL_READER, DATASETS_READER):
             await _ensure_role(conn, role)
         await conn.execute(f"ALTER ROLE {DATASETS_READER} SET default_transaction_read_only = on")
+        # docs/operations.md: a session cannot set its own temp_file_limit (superuser only), so the
+        # role carries it; the gateway's sessions set work_mem and no parallel workers themselves
+        await conn.execute(f"ALTER ROLE {DATASETS_READER} SET temp_file_limit = '{READER_TEMP_FILE_LIMIT}'")
         await conn.execute(f"ALTER ROLE {PULL_READER} SET default_transaction_read_only = on")
         await conn.execute(f'GRANT CONNECT ON DATABASE "{DATASETS_DB}" TO {DATASETS_READER}')
         await conn.execute(f'GRANT CONNECT ON DATABASE "{FLOWS_DB}" TO {PULL_READER}')

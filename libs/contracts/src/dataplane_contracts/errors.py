@@ -16,6 +16,7 @@ ErrorCode = Literal[
     "query_timeout",
     "query_failed",
     "query_too_expensive",
+    "query_resources_exceeded",
     "sql_too_long",
     "invalid_text",
     "body_too_large",
@@ -68,6 +69,8 @@ ErrorCode = Literal[
     "not_ready",
     "rate_limited",
     "rate_limit_unavailable",
+    "too_many_concurrent_queries",
+    "database_busy",
 ]
 
 ERROR_CODES: tuple[str, ...] = get_args(ErrorCode)
@@ -80,6 +83,8 @@ STATUS: dict[str, int] = {
     "query_timeout": 400,
     "query_failed": 400,
     "query_too_expensive": 400,  # PostgreSQL's estimate of the plan is above QUERY_MAX_PLAN_COST
+    # the statement ran into the reader's memory or temporary-file bounds (work_mem, temp_file_limit)
+    "query_resources_exceeded": 400,
     "sql_too_long": 400,
     "invalid_text": 400,  # a lone surrogate or a NUL: text PostgreSQL cannot take
     "body_too_large": 413,
@@ -132,6 +137,8 @@ STATUS: dict[str, int] = {
     "not_ready": 503,
     "rate_limited": 429,  # the consumer's token bucket for a dataset is empty; Retry-After says when
     "rate_limit_unavailable": 503,  # the limiter's store cannot be asked: refused, never served
+    "too_many_concurrent_queries": 429,  # the consumer's statements already running fill its share
+    "database_busy": 503,  # every pooled connection stayed in use past the wait bound
 }
 
 assert set(STATUS) == set(ERROR_CODES), "every code has exactly one status"

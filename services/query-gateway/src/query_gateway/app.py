@@ -27,6 +27,7 @@ from dataplane_service_kit.request_durations import RequestDurations
 from dataplane_service_kit.telemetry import FASTAPI_TELEMETRY, ServerSpans
 from query_gateway.catalogue.load import CatalogueRefused, check_catalogue, parse_catalogue
 from query_gateway.catalogue.reload import watch_catalogue
+from query_gateway.clients.concurrency import ConsumerSlots
 from query_gateway.clients.connector import ConnectorClient, connector_http, service_tokens
 from query_gateway.clients.disclosure import DisclosurePublisher
 from query_gateway.clients.identity import OidcVerifier
@@ -120,6 +121,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             connector=ConnectorClient(
                 http, settings, service_tokens(http, settings), metrics=app.state.metrics
             ),
+            slots=ConsumerSlots(settings.query_max_concurrent_per_consumer),
             disclosures=DisclosurePublisher(producer, settings.audit_publish_timeout_ms, app.state.metrics),
             pull=pull,
             mask_key=checked.mask_key,

@@ -125,9 +125,16 @@ _STATEMENT = (
     "column_not_exposed",
 )
 _FILTERS = ("row_filter_invalid", "row_filter_unenforceable", "row_filter_unavailable", "row_policy_denied")
-_EXECUTION = ("query_timeout", "query_failed", "query_too_expensive", "database_unavailable")
+_EXECUTION = (
+    "query_timeout",
+    "query_failed",
+    "query_too_expensive",
+    "query_resources_exceeded",
+    "database_unavailable",
+    "database_busy",
+)
 # GS-14: the consumer's bucket of a touched dataset, shared by every replica
-_LIMITS = ("rate_limited", "rate_limit_unavailable")
+_LIMITS = ("rate_limited", "rate_limit_unavailable", "too_many_concurrent_queries")
 RETRY_AFTER = {
     429: {
         "Retry-After": {

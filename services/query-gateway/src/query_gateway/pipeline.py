@@ -181,7 +181,31 @@ def row_cap(gw: Gateway, dataset_ids: Sequence[str]) -> int | None:
     return min(caps) if caps else None
 
 
-async def _execute(gw: Gateway, narrowed: NarrowedQuery, body: QueryBody, dataspace: bool) -> QueryPage:
+async def _execute(
+    gw: Gateway, narrowed: NarrowedQuery, body: QueryBody, dataspace: bool, who: str
+) -> QueryPage:
+    """`who`: the consumer's kind-tagged identity, whose share of the pool the statement takes
+    (QE-10), refused before a connection is asked for."""
+    with gw.slots.hold(who):
+        return await _run_page(gw, narrowed, body, dataspace)
+
+
+def consumer_key(kind: str, consumer: str | None) -> str:
+    """One namespace per kind of identity (a user's `sub`, a client's id, a consumer DID), so an
+    id of one kind never shares another's share; every anonymous caller shares one."""
+    return f"{kind}\x00{consumer}" if consumer is not None else "anonymous"
+
+
+def caller_key(caller: Caller | None) -> str:
+    """A token's user (`sub`), else its client (a client-credentials token has no `sub`)."""
+    if caller is None:
+        return consumer_key("user", None)
+    if caller.sub:
+        return consumer_key("user", caller.sub)
+    return consumer_key("client", caller.client_id)
+
+
+async def _run_page(gw: Gateway, narrowed: NarrowedQuery, body: QueryBody, dataspace: bool) -> QueryPage:
     if dataspace:
         # RF-08: the predicate's values are the consenting subjects; even the shape stays out.
         # Guarded like the others: structlog runs its processors before stdlib drops the line
@@ -249,7 +273,8 @@ async def plan_normal(
 async def run_normal(
     gw: Gateway, body: QueryBody, caller: Caller | None, ctx: AccessContext
 ) -> dict[str, object]:
-    page = await _execute(gw, await plan_normal(gw, body, caller, ctx), body, dataspace=False)
+    narrowed = await plan_normal(gw, body, caller, ctx)
+    page = await _execute(gw, narrowed, body, dataspace=False, who=caller_key(caller))
     ctx.succeeded()
     return page_body(page)
 
@@ -289,7 +314,7 @@ async def run_dataspace(
     ctx.as_consumer(req.consumer, req.agreement_id)
     q = await validate(gw, body.sql, ctx)
     granted = await narrow_for_dataspace(gw, q, req, ctx)
-    page = await _execute(gw, granted.narrowed, body, dataspace=True)
+    page = await _execute(gw, granted.narrowed, body, dataspace=True, who=consumer_key("did", req.consumer))
     await granted.disclose(gw, req, page.count)
     ctx.succeeded()
     return page_body(page)

@@ -77,6 +77,10 @@ class Settings(
     # QE-06: PostgreSQL's estimated cost of a narrowed statement above which it is refused
     # before it runs (400 query_too_expensive); 0 = no estimate asked (no extra round trip)
     query_max_plan_cost: float = Field(default=0, ge=0)
+    # QE-10: the statements one consumer may have running on this replica at once; one more is
+    # refused 429 too_many_concurrent_queries, so its slow statements leave the pool to others.
+    # 0 turns the share off
+    query_max_concurrent_per_consumer: int = Field(default=3, ge=0, le=1000)
     # the key that signs records cursors (docs/records.md); required at start-up on a DPS gateway
     # whose catalogue declares `records:`. Changing it invalidates every cursor handed out
     records_cursor_secret: SecretStr | None = None

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dataplane_contracts.catalogue import Catalogue, DatasetEntry
+from query_gateway.clients.concurrency import ConsumerSlots
 from query_gateway.clients.connector import ConnectorClient
 from query_gateway.clients.disclosure import DisclosurePublisher
 from query_gateway.clients.identity import OidcVerifier
@@ -34,6 +35,8 @@ class Gateway:
     pull: PullVerifier | None = None
     mask_key: MaskKey | None = None  # COLUMN_MASK_KEY, for the catalogue's `hash` column masks
     limiter: RateLimiter | None = None  # GS-14: the consumers' buckets (None: nothing limited)
+    # QE-10: each consumer's statements running on this replica; kept across catalogue reloads
+    slots: ConsumerSlots = field(default_factory=lambda: ConsumerSlots(0))
     metrics: Metrics = field(default_factory=Metrics)  # this app's registry (served by /metrics)
     entries: dict[str, DatasetEntry] = field(default_factory=dict)
     # some dataset can be read without a bearer: else an anonymous request is refused 401 before

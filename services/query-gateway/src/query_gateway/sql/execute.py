@@ -36,6 +36,33 @@ _CONNECTION_LOST: tuple[type[BaseException], ...] = (
 DEFAULT_ACQUIRE_TIMEOUT_S = 2.0
 COMMAND_MARGIN_S = 2.0
 
+# What one datasets session may take of the server beside time (docs/operations.md, "Bounding a
+# statement's memory"): a sort or hash spills to disk past work_mem instead of growing, no
+# parallel workers multiply it, and the temporary files it spills are bounded by the reader
+# role's temp_file_limit (a superuser-only setting, so the set-up that creates the role sets it;
+# a session cannot). No PostgreSQL setting bounds the memory of one expression's value: that is
+# the growth budget's job (sql/growth.py), before the statement is sent.
+SESSION_BOUNDS: dict[str, str] = {
+    "work_mem": "16MB",
+    "hash_mem_multiplier": "1",
+    "max_parallel_workers_per_gather": "0",
+}
+# what the role set-up gives the reader (ALTER ROLE ... SET temp_file_limit)
+READER_TEMP_FILE_LIMIT = "256MB"
+
+# SQLSTATEs of a statement that ran into a resource bound: the caller's statement is too big for
+# its share, a 400 to change the statement, never a 503 "retry" (retrying fails the same way)
+_RESOURCES_EXCEEDED = frozenset(
+    {
+        "53000",  # insufficient_resources
+        "53100",  # disk_full
+        "53200",  # out_of_memory
+        "53400",  # configuration_limit_exceeded: temp_file_limit
+        "54000",  # program_limit_exceeded: a value past PostgreSQL's 1 GB
+        "54001",  # statement_too_complex
+    }
+)
+
 
 def check_text(sql: str) -> None:
     """Refuses text PostgreSQL cannot take, before it is parsed, logged or sent: a NUL ends a
@@ -69,6 +96,20 @@ QUERY_FAILED = "Database query failed"
 
 def _lost() -> ServiceError:
     return ServiceError("database_unavailable", "Database connection lost, retry the query")
+
+
+def _busy() -> ServiceError:
+    return ServiceError(
+        "database_busy",
+        "every database connection stayed in use past the wait bound; retry the query",
+        headers={"Retry-After": "1"},
+    )
+
+
+def _pool_full(pool: asyncpg.Pool) -> bool:
+    """A wait for a connection that timed out because all of them were lent out, rather than
+    because a new one could not be opened (the database gone)."""
+    return bool(pool.get_size() >= pool.get_max_size() and pool.get_idle_size() == 0)
 
 
 async def rolled_back_only(conn: asyncpg.Connection) -> None:
@@ -106,10 +147,21 @@ async def datasets_pool(
         server_settings={
             "default_transaction_read_only": "on",
             "statement_timeout": str(int(statement_timeout_ms)),
+            **SESSION_BOUNDS,
         },
         reset=rolled_back_only,
     )
     return pool
+
+
+def largest_cost(node: dict[str, Any]) -> float:
+    """The largest total cost of any node of an EXPLAIN (FORMAT JSON) plan. The root's is not
+    enough: a LIMIT (or a page's OFFSET/LIMIT over a window) discounts its input's cost by the
+    fraction it expects to read, while a sort or a window below it must read everything first."""
+    cost = float(node.get("Total Cost", 0.0))
+    for child in node.get("Plans", ()):
+        cost = max(cost, largest_cost(child))
+    return cost
 
 
 class QueryExecutor:
@@ -162,8 +214,10 @@ class QueryExecutor:
         args = (*q.params, limit, offset)
         total: int | None = None
         counted = False  # whether the rows carry the total as their last column
+        acquired = False
         try:
             async with asyncio.timeout(self.bound_s), self._pool.acquire(timeout=self._acquire_s) as conn:
+                acquired = True
                 if not self._one_statement:
                     total, rows = await self._in_transaction(conn, sqls, q, args, skip_count, guard=True)
                 else:
@@ -181,43 +235,54 @@ class QueryExecutor:
                             total, rows = await self._in_transaction(conn, sqls, q, args, False)
         except ServiceError:
             raise  # the cost guard's refusal (QE-06), as it is
-        except asyncpg.QueryCanceledError as err:
-            if "statement timeout" in str(err):
-                raise ServiceError("query_timeout", "Query exceeded time limit") from None
-            raise self._failed(err) from None
-        except _CONNECTION_LOST as err:
-            log.warning("query_database_unavailable", error=type(err).__name__)
-            raise _lost() from None
-        except asyncpg.InterfaceError as err:
-            if isinstance(err, ValueError):  # the driver refused a value: the request's failure
-                raise self._failed(err) from None
-            # the driver's state ("connection is closed", "… was released", "another operation
-            # is in progress"): nothing the statement did; the database is not usable now
-            log.warning("query_database_unavailable", error=type(err).__name__)
-            raise _lost() from None
-        except asyncpg.PostgresError as err:
-            # the statement failed inside PostgreSQL with an SQL error: the request's failure
-            raise self._failed(err) from None
-        except UnicodeError:
-            # a value the driver could not encode: the request's text, never a lost connection
-            log.warning("query_failed", error="UnicodeError")
-            raise ServiceError("invalid_text", "the query holds text PostgreSQL cannot take") from None
         except Exception as err:
-            # any other driver failure: coded and bounded, never a bare 500, and never rows
-            log.error("query_database_unavailable", error=type(err).__name__)
-            raise _lost() from None
+            raise self._mapped(err, waiting=not acquired) from None
         # a counted page's last column is the total (_dp_total), not the caller's
         items = page_items(rows, drop_last=counted)
         return QueryPage(items=items, offset=offset, limit=limit, count=len(items), total=total)
 
+    def _mapped(self, err: Exception, *, waiting: bool) -> ServiceError:
+        """A driver's or server's failure as the coded refusal the caller gets. `waiting`: it
+        came while no connection had been lent yet."""
+        if isinstance(err, TimeoutError):
+            if waiting and _pool_full(self._pool):
+                log.warning("query_database_busy")
+                return _busy()
+            log.warning("query_database_unavailable", error="TimeoutError")
+            return _lost()
+        if isinstance(err, asyncpg.QueryCanceledError):
+            if "statement timeout" in str(err):
+                return ServiceError("query_timeout", "Query exceeded time limit")
+            return self._failed(err)
+        if isinstance(err, _CONNECTION_LOST):
+            log.warning("query_database_unavailable", error=type(err).__name__)
+            return _lost()
+        if isinstance(err, asyncpg.InterfaceError):
+            if isinstance(err, ValueError):  # the driver refused a value: the request's failure
+                return self._failed(err)
+            # the driver's state ("connection is closed", "… was released", "another operation
+            # is in progress"): nothing the statement did; the database is not usable now
+            log.warning("query_database_unavailable", error=type(err).__name__)
+            return _lost()
+        if isinstance(err, asyncpg.PostgresError):
+            # the statement failed inside PostgreSQL with an SQL error: the request's failure
+            return self._failed(err)
+        if isinstance(err, UnicodeError):
+            # a value the driver could not encode: the request's text, never a lost connection
+            log.warning("query_failed", error="UnicodeError")
+            return ServiceError("invalid_text", "the query holds text PostgreSQL cannot take")
+        # any other driver failure: coded and bounded, never a bare 500, and never rows
+        log.error("query_database_unavailable", error=type(err).__name__)
+        return _lost()
+
     async def _guard(self, conn: Any, q: NarrowedQuery) -> None:
         """QE-06: PostgreSQL's estimate of the narrowed statement (EXPLAIN, never ANALYZE: nothing
-        runs), refused above QUERY_MAX_PLAN_COST. The whole statement's estimate, not the page's:
+        runs), refused above QUERY_MAX_PLAN_COST. The largest estimate of any node, not the root's:
         a LIMIT hides the cost of what it must read first (a sort, a window over every row)."""
         if not self._max_cost:
             return
         plan = await conn.fetchval(f"EXPLAIN (FORMAT JSON) {q.sql}", *q.params)
-        cost = float((orjson.loads(plan) if isinstance(plan, str | bytes) else plan)[0]["Plan"]["Total Cost"])
+        cost = largest_cost((orjson.loads(plan) if isinstance(plan, str | bytes) else plan)[0]["Plan"])
         if cost > self._max_cost:
             # the estimate alone: the plan's text names tables, indexes and bound values
             log.info("query_too_expensive", cost=round(cost))
@@ -259,5 +324,11 @@ class QueryExecutor:
         # class and the SQLSTATE, which name no value; the answer names neither, so a caller
         # cannot tell one failure from another (an error oracle on the rows it may not read)
         sqlstate = getattr(err, "sqlstate", None) or "?"
+        if sqlstate in _RESOURCES_EXCEEDED:
+            log.warning("query_resources_exceeded", error=type(err).__name__, sqlstate=sqlstate)
+            return ServiceError(
+                "query_resources_exceeded",
+                "the query needs more memory or temporary space than one query may use",
+            )
         log.warning("query_failed", error=type(err).__name__, sqlstate=sqlstate)
         return ServiceError("query_failed", QUERY_FAILED)

@@ -1,0 +1,134 @@
+"""Issue 34's database-side bounds, against a real PostgreSQL: the sessions' memory settings, a
+resource bound exceeded is a coded 400 (never a 503 "retry"), a busy pool is a coded 503 that says
+so, the cost guard reads the costliest node (QE-06), and a consumer's share of the pool (QE-10)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import asyncpg
+import pytest
+
+from dataplane_local.provision import with_database
+from dataplane_service_kit.errors import ServiceError
+from dataplane_testing.sqlgw import Db
+from query_gateway.clients.concurrency import ConsumerSlots
+from query_gateway.pipeline import caller_key, consumer_key
+from query_gateway.sql import NarrowedQuery, QueryExecutor
+from query_gateway.sql.execute import SESSION_BOUNDS, datasets_pool, largest_cost
+
+
+def _raw(sql: str, *params: object) -> NarrowedQuery:
+    return NarrowedQuery(
+        sql=sql, params=params, param_labels=tuple(f"p{i}" for i in range(len(params))), denied=False
+    )
+
+
+async def test_datasets_sessions_carry_the_memory_bounds(db: Db) -> None:
+    page = await db.executor.run(
+        _raw(
+            "SELECT current_setting('work_mem') AS w, current_setting('hash_mem_multiplier') AS h,"
+            " current_setting('max_parallel_workers_per_gather') AS p"
+        ),
+        offset=0,
+        limit=1,
+        skip_count=True,
+    )
+    assert page.items == [{"w": SESSION_BOUNDS["work_mem"], "h": "1", "p": "0"}]
+
+
+async def test_temp_file_limit_exceeded_is_a_coded_400(fresh_database: str) -> None:
+    """The reader role's temp_file_limit (set by the role's set-up, here on a role made for the
+    test) stops a sort that spills; the answer is 400 query_resources_exceeded, never 503."""
+    admin = await asyncpg.connect(fresh_database)
+    role = f"admission_reader_{uuid.uuid4().hex[:8]}"  # roles are the server's, not the database's
+    try:
+        await admin.execute(f"CREATE ROLE {role} LOGIN")
+        await admin.execute(f"ALTER ROLE {role} SET temp_file_limit = '1MB'")
+        database = await admin.fetchval("SELECT current_database()")
+        await admin.execute(f'GRANT CONNECT ON DATABASE "{database}" TO {role}')
+    finally:
+        await admin.close()
+    url = with_database(fresh_database, database, user=role)
+    pool = await datasets_pool(url, statement_timeout_ms=20_000, max_size=1)
+    try:
+        executor = QueryExecutor(pool, 20_000, session_defaults=True)
+        spill = _raw("SELECT count(DISTINCT md5(g::text)) AS n FROM generate_series(1, 2000000) g")
+        with pytest.raises(ServiceError) as err:
+            await executor.run(spill, offset=0, limit=1, skip_count=True)
+        assert (err.value.status_code, err.value.code) == (400, "query_resources_exceeded")
+        assert err.value.detail == "the query needs more memory or temporary space than one query may use"
+        # the pool's one connection is fine afterwards: one refused statement, not an outage
+        page = await executor.run(_raw("SELECT 1 AS one"), offset=0, limit=1, skip_count=True)
+        assert page.items == [{"one": 1}]
+    finally:
+        await pool.close()
+
+
+async def test_a_busy_pool_is_database_busy_not_connection_lost(fresh_database: str) -> None:
+    pool = await datasets_pool(fresh_database, statement_timeout_ms=5_000, max_size=1)
+    try:
+        executor = QueryExecutor(pool, 5_000, session_defaults=True, acquire_timeout_s=0.2)
+        async with pool.acquire():  # the pool's only connection is lent out
+            with pytest.raises(ServiceError) as err:
+                await executor.run(_raw("SELECT 1 AS one"), offset=0, limit=1, skip_count=True)
+        assert (err.value.status_code, err.value.code) == (503, "database_busy")
+        assert err.value.headers == {"Retry-After": "1"}
+        page = await executor.run(_raw("SELECT 1 AS one"), offset=0, limit=1, skip_count=True)
+        assert page.items == [{"one": 1}]
+    finally:
+        await pool.close()
+
+
+def test_qe06_the_guard_reads_the_costliest_node_not_the_root() -> None:
+    plan = {
+        "Node Type": "Limit",
+        "Total Cost": 12.0,
+        "Plans": [{"Node Type": "WindowAgg", "Total Cost": 9_000_000.0, "Plans": [{"Total Cost": 5.0}]}],
+    }
+    assert largest_cost(plan) == 9_000_000.0
+
+
+async def test_qe06_a_cross_join_window_under_a_limit_is_refused(db: Db) -> None:
+    """The page's LIMIT discounts the root's estimate; the window below it reads every row."""
+    window = _raw(
+        "SELECT rank() OVER (ORDER BY a.x, b.y) AS r FROM generate_series(1, 100000) a(x),"
+        " generate_series(1, 100000) b(y) LIMIT 1"
+    )
+    guarded = QueryExecutor(db.pool, 5000, session_defaults=True, max_plan_cost=1_000_000)
+    with pytest.raises(ServiceError) as err:
+        await guarded.run(window, offset=0, limit=1, skip_count=True)
+    assert err.value.code == "query_too_expensive"
+
+
+async def test_qe10_a_consumer_past_its_share_is_refused_and_others_are_not() -> None:
+    slots = ConsumerSlots(2)
+    release = asyncio.Event()
+    entered: list[str] = []
+
+    async def statement(who: str) -> str:
+        with slots.hold(who):
+            entered.append(who)
+            await release.wait()
+        return who
+
+    flood = [asyncio.create_task(statement("user\x00a")) for _ in range(2)]
+    await asyncio.sleep(0)
+    with pytest.raises(ServiceError) as err, slots.hold("user\x00a"):
+        pass
+    assert (err.value.status_code, err.value.code) == (429, "too_many_concurrent_queries")
+    assert err.value.headers == {"Retry-After": "1"}
+    other = asyncio.create_task(statement("user\x00b"))  # another consumer is let in
+    await asyncio.sleep(0)
+    assert entered.count("user\x00b") == 1
+    release.set()
+    await asyncio.gather(*flood, other)
+    assert slots.running("user\x00a") == 0
+    with slots.hold("user\x00a"):  # its slots came back
+        assert slots.running("user\x00a") == 1
+
+
+def test_qe10_share_keys_carry_the_identity_kind() -> None:
+    assert consumer_key("user", "x") != consumer_key("client", "x") != consumer_key("did", "x")
+    assert caller_key(None) == consumer_key("user", None)
