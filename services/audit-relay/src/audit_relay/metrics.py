@@ -60,6 +60,12 @@ class Metrics:
             ["topic", "partition"],
             registry=self.registry,
         )
+        self.offset_gaps = Counter(
+            "audit_relay_offset_gaps",
+            "Fetches that did not continue where the partition's last record ended; the relay "
+            "fetched again from that offset instead of taking them (RF-10: never skip one).",
+            registry=self.registry,
+        )
         for outcome in ("delivered", "retried", "dead_lettered"):
             self.deliveries.labels(outcome)  # every outcome shows, at 0, from the first scrape
 

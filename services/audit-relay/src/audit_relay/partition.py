@@ -19,7 +19,7 @@ from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
 from audit_relay.delivery import Retry
-from audit_relay.window import Record, Slot, Window
+from audit_relay.window import Record, Slot, Window, contiguous
 from dataplane_service_kit.logs import get_logger
 
 if TYPE_CHECKING:
@@ -42,6 +42,10 @@ class PartitionWorker:
         self.window = Window(settings.audit_relay_max_in_flight_per_partition)
         self._max_buffered = settings.audit_relay_max_buffered_per_partition
         self.fetch_paused = False
+        # the offset after the last record taken into the window (None until one is), and the
+        # hole a re-fetch is checking: a fetch that does not continue there is fetched again
+        self.next_offset: int | None = None
+        self._suspect_gap: tuple[int, int] | None = None
         self.committed_offset: int | None = None
         self._wake = asyncio.Event()
         self._dirty = asyncio.Event()
@@ -57,14 +61,46 @@ class PartitionWorker:
         """Take what fits; the rest is fetched again once there is room (seek back to it), so what
         is buffered never exceeds the bound, whatever one fetch returned."""
         room = self._max_buffered - len(self.window)
-        taken = records[: max(0, room)]
-        self.window.add(taken)
+        offsets = [r.offset for r in records]
+        whole = contiguous(self.next_offset, offsets, self._suspect_gap)
+        taken = records[: max(0, min(room, whole))]
+        if taken:
+            self._settle_gap(taken[0].offset)
+            self.window.add(taken)
+            self.next_offset = taken[-1].offset + 1
         self.relay.metrics.buffered.inc(len(taken))
-        if len(taken) < len(records):
+        if whole < len(records) and len(taken) == whole:
+            # RF-10: a record was never handed to this worker (the fetch jumped past it): take
+            # nothing beyond it and fetch again from the offset that is missing. The broker's own
+            # holes (transaction markers, compaction) come back the same way and are taken then.
+            assert self.next_offset is not None
+            self._suspect_gap = (self.next_offset, records[whole].offset)
+            log.warning(
+                "offset_gap_suspected",
+                partition=self.tp.partition,
+                expected=self.next_offset,
+                fetched=records[whole].offset,
+            )
+            self.relay.consumer.seek(self.tp, self.next_offset)
+        elif len(taken) < len(records):
             self.relay.consumer.seek(self.tp, records[len(taken)].offset)
         if len(self.window) >= self._max_buffered:
             self.relay.pause(self)
         self._wake.set()
+
+    def _settle_gap(self, first: int) -> None:
+        """A re-fetch after a suspected hole answered: the missing record came back (the fetch
+        had skipped it: counted, logged as an error, alerted on), or the broker jumped the same
+        way again (its own hole: taken)."""
+        if self._suspect_gap is None:
+            return
+        expected, jumped_to = self._suspect_gap
+        self._suspect_gap = None
+        if first == expected:
+            self.relay.metrics.offset_gaps.inc()
+            log.error("offset_gap", partition=self.tp.partition, expected=expected, fetched=jumped_to)
+        else:
+            log.info("broker_offset_gap", partition=self.tp.partition, start=expected, end=jumped_to)
 
     # -- sending --------------------------------------------------------------------------------
     async def _run(self) -> None:

@@ -62,6 +62,21 @@ class Slot:
         return self.seq < other.seq
 
 
+def contiguous(expected: int | None, offsets: Sequence[int], confirmed_gap: tuple[int, int] | None) -> int:
+    """How many of a fetch's records (their `offsets`, in order) continue the partition without
+    a hole: each one's offset is the one after the record before it, the first one `expected`
+    (None: nothing taken yet, anything continues). A hole is accepted only where the broker
+    showed it twice (`confirmed_gap`: the same jump from the same offset on a fetch made again
+    from it), as transaction markers and compaction leave; anything else is fetched again."""
+    taken = 0
+    for offset in offsets:
+        if expected is not None and offset != expected and (expected, offset) != confirmed_gap:
+            break
+        expected = offset + 1
+        taken += 1
+    return taken
+
+
 @dataclass
 class Window:
     max_in_flight: int
