@@ -14,7 +14,8 @@ from dataplane_local.provision import with_database
 from dataplane_service_kit.errors import ServiceError
 from dataplane_testing.sqlgw import Db
 from query_gateway.clients.concurrency import ConsumerSlots
-from query_gateway.pipeline import caller_key, consumer_key
+from query_gateway.clients.identity import Caller
+from query_gateway.pipeline import caller_identity, caller_key, consumer_key
 from query_gateway.sql import NarrowedQuery, QueryExecutor
 from query_gateway.sql.execute import SESSION_BOUNDS, datasets_pool, largest_cost
 
@@ -127,6 +128,30 @@ async def test_qe10_a_consumer_past_its_share_is_refused_and_others_are_not() ->
     assert slots.running("user\x00a") == 0
     with slots.hold("user\x00a"):  # its slots came back
         assert slots.running("user\x00a") == 1
+
+
+def test_gs14_a_client_whose_id_equals_a_users_sub_has_buckets_of_its_own() -> None:
+    """Issue 34: a client-credentials token (no `sub`) whose `azp` equals a user's `sub` must not
+    take from that user's bucket or share: the kind is part of the key."""
+
+    def caller(sub: str | None, client_id: str) -> Caller:
+        return Caller(
+            sub=sub,
+            username=None,
+            email=None,
+            client_id=client_id,
+            roles=frozenset(),
+            scopes=frozenset(),
+            service_account=sub is None,
+            orgs=(),
+            exp=None,
+            token="t",
+        )
+
+    user, client = caller("alice", "portal"), caller(None, "alice")
+    assert caller_identity(user) == ("user", "alice")
+    assert caller_identity(client) == ("client", "alice")
+    assert caller_key(user) != caller_key(client)
 
 
 def test_qe10_share_keys_carry_the_identity_kind() -> None:

@@ -196,13 +196,18 @@ def consumer_key(kind: str, consumer: str | None) -> str:
     return f"{kind}\x00{consumer}" if consumer is not None else "anonymous"
 
 
-def caller_key(caller: Caller | None) -> str:
-    """A token's user (`sub`), else its client (a client-credentials token has no `sub`)."""
+def caller_identity(caller: Caller | None) -> tuple[str, str | None]:
+    """A token's user (`sub`), else its client (a client-credentials token has no `sub`), each
+    with its kind, so the two namespaces never meet (GS-14's buckets, QE-10's share)."""
     if caller is None:
-        return consumer_key("user", None)
+        return "user", None
     if caller.sub:
-        return consumer_key("user", caller.sub)
-    return consumer_key("client", caller.client_id)
+        return "user", caller.sub
+    return "client", caller.client_id
+
+
+def caller_key(caller: Caller | None) -> str:
+    return consumer_key(*caller_identity(caller))
 
 
 async def _run_page(gw: Gateway, narrowed: NarrowedQuery, body: QueryBody, dataspace: bool) -> QueryPage:
@@ -252,8 +257,10 @@ async def plan_normal(
             check_layers_declared(entry)
     ctx.judging(None)
     # GS-14: after the policy (a refused caller takes no token), before any plan is resolved
-    # (a token without `sub` is its client's); every anonymous caller shares one bucket
-    await _admit(gw, "sub", (caller.sub or caller.client_id) if caller is not None else None, q.dataset_ids)
+    # (a token without `sub` is its client's, in a namespace of its own: a client id equal to a
+    # user's `sub` takes from its own bucket); every anonymous caller shares one bucket
+    kind, who = caller_identity(caller)
+    await _admit(gw, kind, who, q.dataset_ids)
     identity = caller.identity() if caller is not None else None
 
     async def plans_of(entry: DatasetEntry) -> list[Plan]:
