@@ -1,4 +1,4 @@
-"""GS-15: a consumer's share of the datasets pool. Each consumer may have at most
+"""QE-10: a consumer's share of the datasets pool. Each consumer may have at most
 QUERY_MAX_CONCURRENT_PER_CONSUMER statements running on one replica at once; one more is
 answered `429 too_many_concurrent_queries` with `Retry-After` at once, instead of waiting for a
 connection its own slow statements hold. So one consumer flooding slow statements leaves the rest

@@ -36,8 +36,8 @@ _CONNECTION_LOST: tuple[type[BaseException], ...] = (
 DEFAULT_ACQUIRE_TIMEOUT_S = 2.0
 COMMAND_MARGIN_S = 2.0
 
-# What one datasets session may take of the server beside time (docs/operations.md, "Bounding a
-# statement's memory"): a sort or hash spills to disk past work_mem instead of growing, no
+# What one datasets session may take of the server beside time (QE-09, and docs/operations.md,
+# "Bounding a statement's memory"): a sort or hash spills to disk past work_mem instead of growing, no
 # parallel workers multiply it, and the temporary files it spills are bounded by the reader
 # role's temp_file_limit (a superuser-only setting, so the set-up that creates the role sets it;
 # a session cannot). No PostgreSQL setting bounds the memory of one expression's value: that is
