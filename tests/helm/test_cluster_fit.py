@@ -125,6 +125,7 @@ TUNABLE_BY_ENV = {
     "audit_relay_max_in_flight_per_partition",
     "audit_relay_max_in_flight_per_connector",
     "audit_relay_max_buffered_per_partition",
+    "audit_relay_broker_hole_confirm_s",
 }
 SETTINGS = {
     "query-gateway": ("query_gateway.settings", "Settings"),

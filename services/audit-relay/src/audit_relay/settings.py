@@ -44,6 +44,13 @@ class Settings(HttpSettings, KafkaSettings, OidcSettings, ConnectorSettings):
     # at most this many per wait, and 2 000 events/s needs more than 1 000 per wait (~4 MB at
     # ~1 KB per record)
     audit_relay_max_buffered_per_partition: int = Field(default=4096, ge=1, le=100_000)
+    # RF-10: how long a fetch must keep jumping past the same offset (fetched again each time)
+    # before the relay takes the jump as the broker's own hole. A broker under concurrent
+    # producers can show a later batch before an earlier one (the local broker does, about once
+    # in ten thousand records, for a few milliseconds); a jump seen twice in a row is not yet
+    # a hole. Our producers write no transaction markers and the audit topic is not compacted,
+    # so on a correct broker this wait never happens
+    audit_relay_broker_hole_confirm_s: float = Field(default=5.0, ge=0)
 
     @model_validator(mode="after")
     def _complete(self) -> Settings:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
@@ -65,9 +65,10 @@ class Slot:
 def contiguous(expected: int | None, offsets: Sequence[int], confirmed_gap: tuple[int, int] | None) -> int:
     """How many of a fetch's records (their `offsets`, in order) continue the partition without
     a hole: each one's offset is the one after the record before it, the first one `expected`
-    (None: nothing taken yet, anything continues). A hole is accepted only where the broker
-    showed it twice (`confirmed_gap`: the same jump from the same offset on a fetch made again
-    from it), as transaction markers and compaction leave; anything else is fetched again."""
+    (None: nothing taken yet, anything continues). A hole is accepted only where it is
+    `confirmed_gap` (the same jump from the same offset, shown by the broker on fetches made again
+    from it for long enough: partition.py), as transaction markers and compaction leave; anything
+    else is fetched again."""
     taken = 0
     for offset in offsets:
         if expected is not None and offset != expected and (expected, offset) != confirmed_gap:
@@ -75,6 +76,22 @@ def contiguous(expected: int | None, offsets: Sequence[int], confirmed_gap: tupl
         expected = offset + 1
         taken += 1
     return taken
+
+
+def unaccounted(
+    base: int, finished: Iterable[int], holes: Collection[tuple[int, int]]
+) -> tuple[int, int] | None:
+    """The first hole (expected, found) in `finished` (offsets done, in commit order) counted from
+    `base` (the last committed offset) that is not one of `holes` (jumps the broker itself made:
+    transaction markers, compaction), or None when every offset from `base` up to the last one is
+    done or the broker's own. A commit past such a hole would skip a disclosure (RF-10)."""
+    expected = base
+    for offset in finished:
+        if offset > expected and (expected, offset) not in holes:
+            return expected, offset
+        # an offset below `expected` is done twice (at least once allows it), never a skip
+        expected = max(expected, offset + 1)
+    return None
 
 
 @dataclass
@@ -94,6 +111,10 @@ class Window:
     probing: bool = False
     probe: Slot | None = None
     blocked_until: float = 0.0
+    # what the commit check reads (unaccounted): the offsets done since the last verified commit,
+    # in commit order, and the holes the broker itself showed (start, end) that may be passed
+    finished: list[int] = field(default_factory=list)
+    broker_holes: set[tuple[int, int]] = field(default_factory=set)
 
     def __len__(self) -> int:
         """Fetched and not yet done: what back-pressure bounds."""
@@ -150,6 +171,7 @@ class Window:
         moved = False
         while self._slots and self._slots[0].state is State.DONE:
             head = self._slots.popleft()
+            self.finished.append(head.record.offset)
             self.commit_offset = head.record.offset + 1
             self._cursor -= 1
             moved = True
@@ -185,6 +207,17 @@ class Window:
     def _requeue(self, slot: Slot) -> None:
         slot.state = State.PENDING
         heapq.heappush(self._again, slot)
+
+    # -- the commit check -----------------------------------------------------------------------
+    def unaccounted(self, base: int) -> tuple[int, int] | None:
+        """A hole between `base` (the last commit) and the commit point that is neither done nor
+        the broker's own; None when the commit point may be committed."""
+        return unaccounted(base, self.finished, self.broker_holes)
+
+    def committed(self, offset: int) -> None:
+        """`offset` is committed: what the check read up to it is settled."""
+        self.finished = [o for o in self.finished if o >= offset]
+        self.broker_holes = {h for h in self.broker_holes if h[1] > offset}
 
     # -- introspection --------------------------------------------------------------------------
     def wait_s(self, now: float) -> float | None:
