@@ -93,6 +93,19 @@ def test_qe12_a_function_postgresql_would_call_and_the_allowlist_never_saw_is_re
     assert err.value.code == "sql_refused"
 
 
+@pytest.mark.parametrize(
+    "sql",
+    [
+        'SELECT * FROM "grid"."meters" JOIN "readings" r ON TRUE',
+        "SELECT * FROM readings WHERE value BETWEEN SYMMETRIC 3 AND 1",
+        "SELECT trim(pod), substring(pod FROM 1 FOR 2), extract(year FROM now()), current_date FROM readings",
+        "WITH readings AS (SELECT * FROM readings) SELECT pod FROM readings",
+    ],
+)
+def test_qe12_a_statement_both_parsers_read_alike_is_served(sql: str) -> None:
+    assert served(sql).dataset_ids
+
+
 # ---------------------------------------------------------------------- the narrowed statement
 BAD_NARROWED = {
     "bare table": "SELECT * FROM public.readings",

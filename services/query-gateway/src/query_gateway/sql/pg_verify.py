@@ -55,7 +55,12 @@ _SQL_VALUES: Final = {
     "SVFOP_CURRENT_TIMESTAMP_N": "current_timestamp",
 }
 _OPERATORS: Final = frozenset({"=", "<>", "<", ">", "<=", ">=", "+", "-", "*", "/"})
-_EXPR_KINDS: Final = frozenset({"AEXPR_OP", "AEXPR_IN", "AEXPR_BETWEEN", "AEXPR_NOT_BETWEEN", "AEXPR_NULLIF"})
+_EXPR_KINDS: Final = frozenset(
+    {
+        "AEXPR_OP", "AEXPR_IN", "AEXPR_NULLIF", "AEXPR_BETWEEN", "AEXPR_NOT_BETWEEN", "AEXPR_BETWEEN_SYM",
+        "AEXPR_NOT_BETWEEN_SYM",
+    }
+)  # fmt: skip
 _LIMIT_OPTIONS: Final = frozenset({"LIMIT_OPTION_DEFAULT", "LIMIT_OPTION_COUNT"})  # not WITH TIES
 _SUBLINKS: Final = frozenset({"EXPR_SUBLINK", "ANY_SUBLINK"})
 # casts run the target type's input or cast function: the built-in scalar types only (no reg*
