@@ -169,6 +169,9 @@ def test_qe12_the_refusal_of_a_narrowed_statement_is_fixed() -> None:
         check_narrowed(forged)
     assert err.value.code == "sql_refused"
     assert "secrets" not in err.value.detail
+    # valid alone, but a trailing comment swallows the executor's `) AS q LIMIT … OFFSET …`
+    with pytest.raises(ServiceError):
+        check_narrowed(dataclasses.replace(narrowed, sql=narrowed.sql + " --"))
 
 
 # ---------------------------------------------------------------------- the differential test

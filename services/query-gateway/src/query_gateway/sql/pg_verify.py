@@ -32,6 +32,7 @@ from dataplane_service_kit.bounded_cache import BoundedCache
 from dataplane_service_kit.errors import ServiceError
 from query_gateway.sql import rules
 from query_gateway.sql.model import NarrowedQuery, ValidatedQuery
+from query_gateway.sql.pagination import page_and_count
 from query_gateway.sql.scope import fold, table_parts, walk_tables
 from query_gateway.sql.verify import RF_ALIAS
 
@@ -458,7 +459,8 @@ def _fence(table: str, text: str) -> bytes:
     return canonical(select)
 
 
-_narrowed_cache: BoundedCache[tuple[str, tuple[tuple[str, str], ...]], tuple[str]] = BoundedCache(1024)
+_NarrowedKey = tuple[str, tuple[tuple[str, str], ...], str, int, bool]
+_narrowed_cache: BoundedCache[_NarrowedKey, tuple[str]] = BoundedCache(1024)
 
 
 def check_narrowed(narrowed: NarrowedQuery) -> None:
@@ -466,12 +468,13 @@ def check_narrowed(narrowed: NarrowedQuery) -> None:
     rewrite's narrowing subqueries and visible CTEs, calls a function outside the allowlist, or
     holds a node of a kind not allowed. Cached by the statement and its narrowings (the
     rewrite's own output is cached per shape, so the same pair comes back)."""
-    key = (narrowed.sql, narrowed.fences)
+    key = (narrowed.sql, narrowed.fences, narrowed.order_by, len(narrowed.params), narrowed.denied)
     with _cache_lock:
         hit = _narrowed_cache.get(key)
     if hit is None:
         try:
             _verify(narrowed.sql, narrowed.fences)
+            _verify_pages(narrowed)
             hit = _OK
         except _Refused as why:
             hit = (str(why),)
@@ -486,6 +489,31 @@ def _verify(sql: str, fences: Iterable[tuple[str, str]]) -> None:
     if not expected:
         raise _Refused("no narrowing")
     _Walk(expected).node(_only_select(sql), frozenset())
+
+
+def _verify_pages(narrowed: NarrowedQuery) -> None:
+    """The page, counted-page and count statements the executor sends (QE-04) hold the verified
+    statement whole as their one subquery, and around it exactly the executor's own wrapping (the
+    same wrapping of a statement that is nothing but a constant, as PostgreSQL reads both)."""
+    inner = canonical(_only_select(narrowed.sql))
+    n = len(narrowed.params)
+    sent = page_and_count(narrowed.sql, n, narrowed.denied, narrowed.order_by)
+    template = page_and_count("SELECT 1", n, narrowed.denied, narrowed.order_by)
+    for text, model in zip(sent, template, strict=True):
+        if _hollow(text, inner) != _hollow(model, None):
+            raise _Refused("a page statement is not the executor's wrapping of the verified one")
+
+
+def _hollow(text: str, inner: bytes | None) -> bytes:
+    """A page statement's canonical form with its subquery taken out, after checking that the
+    subquery is `inner` (None: not checked)."""
+    select = _only_select(text)
+    source = select["SelectStmt"].get("fromClause") or []
+    sub = source[0].get("RangeSubselect") if len(source) == 1 and isinstance(source[0], dict) else None
+    if not isinstance(sub, dict) or (inner is not None and canonical(sub.get("subquery")) != inner):
+        raise _Refused("a page statement is not the executor's wrapping of the verified one")
+    sub["subquery"] = None
+    return canonical(select)
 
 
 def refusal_reason(sql: str, fences: Iterable[tuple[str, str]]) -> str | None:
