@@ -1,7 +1,8 @@
 """What QE-12's second parse costs the gateway (docs/gateway.md): CPU ms per request of the pure
 SQL steps — validation, the rewrite and its sqlglot verification, then PostgreSQL's reading of the
-caller's statement and of the narrowed one (sql/pg_verify.py) — on the bench's EDR and normal
-statements, with and without the second parse, interleaved in one run.
+caller's statement, of the narrowed one and of the page statements around it (sql/pg_verify.py) —
+on the bench's EDR and normal statements, with and without the second parse, interleaved in one
+run.
 
 Two regimes: `cold`, each request a text never seen (a fresh literal in it), so no cache helps
 any step; `warm`, the same text each time, as a bench's load repeats it (every step cached).
