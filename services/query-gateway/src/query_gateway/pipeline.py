@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from dataplane_contracts.catalogue import PURE_HANDLERS, Binds, DatasetEntry
 from dataplane_contracts.ds import AuthorizeRequest
@@ -39,6 +39,7 @@ from query_gateway.rules.verdicts import (
 from query_gateway.sql import DEFAULT_LIMIT, NarrowedQuery, QueryPage, ValidatedQuery, narrow_query, sql_shape
 from query_gateway.sql import validate_query as _validate_query
 from query_gateway.sql.execute import check_text
+from query_gateway.sql.pg_verify import check_narrowed, check_original
 from query_gateway.sql.shape import shape_of
 from query_gateway.state import Gateway
 
@@ -48,7 +49,9 @@ _QUERY_LOGGER = logging.getLogger("query_gateway.query")  # the stdlib logger `l
 # what PostgreSQL's bigint takes: LIMIT and OFFSET are bound as bigint, and a value outside it is
 # the caller's mistake (422 naming the field), not a failed query; inside it the clamping of QE-01
 # still applies (limit <= 0 -> the default, above the cap -> the cap, a negative offset -> 0)
-BigInt = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+# Strict: JSON `true` is not the page size 1, nor `"5"` the page size 5 (issue 34): a value of
+# another JSON type is the caller's mistake, 422 naming the field (QE-01)
+BigInt = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]
 LAYERS: tuple[Binds, Binds] = ("person", "organization")
 
 # A statement this short is validated on the event loop: uncached, the worst shapes cost about
@@ -67,10 +70,10 @@ class QueryBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    sql: str | None = None
+    sql: StrictStr | None = None
     limit: BigInt = DEFAULT_LIMIT
     offset: BigInt = 0
-    skip_count: bool = False
+    skip_count: StrictBool = False
 
 
 def page_body(page: QueryPage) -> dict[str, Any]:
@@ -111,6 +114,7 @@ async def validate(gw: Gateway, sql: str | None, ctx: AccessContext) -> Validate
     other request and the health probes meanwhile."""
     text = _admissible(gw, sql)
     q = await _off_loop_if_long(text, _validate_query, text, gw.catalogue)
+    await _off_loop_if_long(text, check_original, q)  # QE-12: PostgreSQL's parser reads it alike
     ctx.touching(list(q.dataset_ids))
     if _debug():
         log.debug("query_received", shape=shape_of(q.tree), datasets=list(q.dataset_ids))
@@ -172,7 +176,9 @@ async def _planned(
 
 
 async def _narrow(gw: Gateway, q: ValidatedQuery, plans: Mapping[str, Sequence[Plan]]) -> NarrowedQuery:
-    return await _off_loop_if_long(q.text, narrow_query, q, gw.catalogue, plans, gw.columns, gw.mask_key)
+    narrowed = await _off_loop_if_long(q.text, narrow_query, q, gw.catalogue, plans, gw.columns, gw.mask_key)
+    await _off_loop_if_long(q.text, check_narrowed, narrowed)  # QE-12: and has the last word
+    return narrowed
 
 
 def row_cap(gw: Gateway, dataset_ids: Sequence[str]) -> int | None:

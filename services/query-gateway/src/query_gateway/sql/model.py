@@ -64,6 +64,9 @@ class NarrowedQuery:
     # the outer ORDER BY of the page query, from the caller's tree (QE-04): paging parses nothing
     order_by: str = ""
     exposure: tuple[DatasetColumns, ...] = ()  # the touched datasets' columns, as `/query/plan` shows them
+    # each narrowing subquery the rewrite built: (the catalogue's `table`, the subquery's SELECT),
+    # what PostgreSQL's reading of `sql` must find at every relation read (QE-12, pg_verify.py)
+    fences: tuple[tuple[str, str], ...] = ()
 
     def __repr__(self) -> str:  # the params are personal data (RF-08)
         return f"NarrowedQuery(params=<{len(self.params)}>, denied={self.denied})"

@@ -71,6 +71,7 @@ class _Rewritten:
     order_by: str
     masked: bool  # a fence computes a `hash` mask: the mask key is bound after the allow-lists
     exposure: tuple[DatasetColumns, ...]  # of the statement's datasets, for `POST /query/plan`
+    fences: tuple[tuple[str, str], ...]  # (catalogue table, narrowing SELECT) per dataset (QE-12)
 
 
 CACHE_SIZE = 1024
@@ -133,6 +134,7 @@ def narrow_query(
         denied=denied,
         order_by=rewritten.order_by,
         exposure=rewritten.exposure,
+        fences=rewritten.fences,
     )
 
 
@@ -195,12 +197,18 @@ def _rewrite(
     sql = tree.sql(dialect=DIALECT)
 
     expected: dict[tuple[str, ...], set[tuple[str, str]]] = {}
+    built: list[tuple[str, str]] = []
     for ds_id, pred in preds.items():
-        key = physical_key(physical_table(entries[ds_id]))
+        entry = entries[ds_id]
+        key = physical_key(physical_table(entry))
         expected.setdefault(key, set()).add((pred.sql(dialect=DIALECT), rendered(fences[ds_id])))
+        fence = _narrowed(physical_table(entry), entry, pred, fences[ds_id]).this
+        built.append((entry.table, fence.sql(dialect=DIALECT)))
     verify_narrowed(sql, expected, denied=denied, n_params=n_params + (2 if masked else 0))
     # the rewrite replaces table references only, so the top-level ORDER BY is the caller's own
-    return _Rewritten(sql, outer_order_by(q.tree), masked, tuple(exposure[ds_id] for ds_id, _ in shape))
+    return _Rewritten(
+        sql, outer_order_by(q.tree), masked, tuple(exposure[ds_id] for ds_id, _ in shape), tuple(built)
+    )
 
 
 def _narrowed(

@@ -97,11 +97,12 @@ def _parse(body: str) -> exp.Select:
     try:
         statements = sqlglot.parse(body, read=DIALECT)
     except ParseError as err:
-        # position only: the message quotes the statement, which may hold personal values
+        # the position only: sqlglot's description quotes the statement (a token's repr holds its
+        # text, which may be a personal value) and names its own classes; the detail is fixed
         first = err.errors[0] if err.errors else {}
-        where = f" at line {first.get('line')}, column {first.get('col')}" if first else ""
-        desc = re.sub(r"<class '(?:[\w.]+\.)?(\w+)'>", r"\1", str(first.get("description", "parse error")))
-        raise _refuse(f"Invalid SQL syntax: {desc}{where}") from None
+        line, col = first.get("line"), first.get("col")
+        where = f" at line {line}, column {col}" if isinstance(line, int) and isinstance(col, int) else ""
+        raise _refuse(f"Invalid SQL syntax{where}") from None
     except Exception:
         raise _refuse("Invalid SQL query") from None
     if len(statements) != 1 or statements[0] is None:
