@@ -12,13 +12,12 @@ import os
 import time
 from pathlib import Path
 
-import asyncpg
-
 from dataplane_contracts.topics import topic_specs
 from dataplane_local import infra
 from dataplane_local.procs import paused
 from dataplane_service_kit.health import READYZ_BOUND_S
 from dataplane_service_kit.topics_cli import create_topics
+from dataplane_testing.databases import admin, create_database
 from dataplane_testing.faults import raw_client, readyz_settles
 from dataplane_testing.gateway import SEED, World
 from filter_resolver.app import create_app as resolver_app
@@ -40,13 +39,8 @@ async def test_issue35_readyz_within_bound_under_hung_redis_postgres_and_broker(
     redis = infra.start_redis(tmp_path / "redis")
     kafka = infra.start_kafka(tmp_path / "kafka")
     try:
-        admin = await asyncpg.connect(pg.url)
-        await admin.execute('CREATE DATABASE "ds"')
-        await admin.close()
-        url = pg.url.rpartition("/")[0] + "/ds"
-        conn = await asyncpg.connect(url)
-        await conn.execute(SEED)
-        await conn.close()
+        url = await create_database(pg.url)
+        await admin(url, SEED)
         os.environ.setdefault("KAFKA_REPLICATION_FACTOR", "1")
         await create_topics(kafka.url, topic_specs())
         # an EDR gateway: the datasets database and the broker are required, Redis a capability
