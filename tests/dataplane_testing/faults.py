@@ -4,6 +4,7 @@ coded answers, and a raw ASGI transport that shows a bare 500."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Coroutine
 from typing import Any, Self
 
@@ -90,3 +91,34 @@ class PipeProxy(TcpProxy):
         upstream_r, upstream_w = await asyncio.open_connection("127.0.0.1", self.upstream_port)
         self._spawn(pipe(client_r, upstream_w))
         self._spawn(pipe(upstream_r, client_w))
+
+
+Answer = tuple[int, dict[str, Any]]
+
+
+async def timed_readyz(client: httpx.AsyncClient, bound_s: float) -> Answer:
+    """One GET /readyz, its wall time asserted within `bound_s`; (status, body)."""
+    started = time.monotonic()
+    response = await client.get("/readyz")
+    elapsed = time.monotonic() - started
+    assert elapsed <= bound_s, (elapsed, response.status_code, response.text)
+    return response.status_code, response.json()
+
+
+async def readyz_settles(
+    client: httpx.AsyncClient, bound_s: float, expected: Answer, before: Answer, attempts: int = 60
+) -> None:
+    """Ask /readyz until it answers `expected`, then a few times more: every answer within
+    `bound_s`, none but `before` (a kept answer, a probe still in flight) ahead of `expected`
+    and none but `expected` after it. Counted in answers, not seconds: the only time asserted
+    is each answer's."""
+    for _ in range(attempts):
+        got = await timed_readyz(client, bound_s)
+        if got == expected:
+            break
+        assert got == before, got
+        await asyncio.sleep(0.2)  # spacing between asks, not a limit
+    else:
+        raise AssertionError(f"/readyz never answered {expected} in {attempts} asks")
+    for _ in range(3):
+        assert await timed_readyz(client, bound_s) == expected

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from dataplane_service_kit.health import READYZ_BOUND_S
 from dataplane_testing.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -465,3 +466,26 @@ def test_schema_is_closed_at_every_object_level() -> None:
     walk(schema, "#")
     assert schema["additionalProperties"] is False
     assert open_objects == []
+
+
+def _readiness_timeouts(objs: list[Obj]) -> dict[str, int]:
+    return {
+        name: dep["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["timeoutSeconds"]
+        for name, dep in of_kind(objs, "Deployment").items()
+    }
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_issue35_the_readiness_probe_waits_longer_than_readyz_takes(
+    rendered: dict[str, list[Obj]], case: str
+) -> None:
+    timeouts = _readiness_timeouts(rendered[case])
+    assert set(timeouts) == set(SERVICES)
+    for name, timeout in timeouts.items():
+        assert timeout > READYZ_BOUND_S, (name, timeout)
+
+
+def test_issue35_a_readiness_timeout_within_the_readyz_bound_is_refused() -> None:
+    message = refusal(VALUES / "readiness-timeout-1.yaml")
+    assert "values.schema.json" in message
+    assert "/services/signaling/probes/readiness/timeoutSeconds" in message

@@ -24,7 +24,10 @@ def _client(up: dict[str, bool], registry: CollectorRegistry) -> httpx.AsyncClie
     app = FastAPI()
     app.include_router(
         health_router(
-            lambda: {"db": check("db")}, registry=registry, capabilities=lambda: {"redis": check("redis")}
+            lambda: {"db": check("db")},
+            registry=registry,
+            capabilities=lambda: {"redis": check("redis")},
+            ttl_s=0,  # each request asks again: the flips below are seen at once
         )
     )
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://svc")

@@ -7,11 +7,19 @@ Two kinds of dependency: a *required* one (`checks`) without which the replica c
 useful, so /readyz fails and the replica leaves the Service; and a *capability* (`capabilities`)
 whose loss only refuses some requests (each with its own code): the replica stays ready, and
 /readyz names the lost capability under `degraded`. Both kinds are exported as the gauge
-`readiness_dependency_up{dependency, required}`, so a degraded replica is seen, not only felt."""
+`readiness_dependency_up{dependency, required}`, so a degraded replica is seen, not only felt.
+
+One answer of /readyz takes at most `READYZ_BOUND_S`, whatever a dependency does: the checks run
+concurrently, each as a `CachedProbe` (one in flight per dependency, its answer kept briefly), and
+a check still running at the bound is answered "down" and left running, never awaited — awaiting
+a cancelled check waits for its cleanup, and a driver's cleanup (asyncpg's cancel request and
+reset, a pool's rollback) talks to the very dependency that stopped answering."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
 
@@ -30,6 +38,11 @@ from prometheus_client import (
 )
 
 from dataplane_service_kit.openapi import HEALTHZ_RESPONSES, METRICS_RESPONSES, READYZ_RESPONSES
+from dataplane_service_kit.readiness import DEFAULT_PROBE_TTL_S, CachedProbe
+
+# the longest one /readyz answer takes; below the chart's readiness probe timeoutSeconds (2), so
+# a kubelet never counts a slow answer as a failure (docs/faults.md, `/readyz`)
+READYZ_BOUND_S = 1.5
 
 # no `<name>_created` twin beside each counter and histogram: a series per metric (and label set)
 # that no dashboard or alert reads, in every service that serves /metrics through this module
@@ -69,11 +82,43 @@ def dependency_gauge(registry: CollectorRegistry = REGISTRY) -> Gauge:
     return gauge
 
 
-async def _run(check: ReadinessCheck, timeout: float) -> bool:
-    try:
-        return await asyncio.wait_for(check(), timeout)
-    except Exception:  # a failing check is an answer ("not ready"), not an error of /readyz
-        return False
+class _Probes:
+    """One `CachedProbe` per dependency name, asking the check the last request named: the
+    services build their checks per request (closures over lifespan-created clients), so the
+    name, not the function, is the dependency."""
+
+    def __init__(self, bound_s: float, ttl_s: float) -> None:
+        self._bound = bound_s
+        self._ttl = ttl_s
+        self._checks: dict[str, ReadinessCheck] = {}
+        self._probes: dict[str, CachedProbe] = {}
+
+    def pending(self, name: str, check: ReadinessCheck) -> asyncio.Future[bool]:
+        self._checks[name] = check
+        probe = self._probes.get(name)
+        if probe is None:
+            probe = self._probes[name] = CachedProbe(
+                functools.partial(self._ask, name), timeout_s=self._bound, ttl_s=self._ttl, name=name
+            )
+        return probe.pending()
+
+    def _ask(self, name: str) -> Awaitable[bool]:
+        return self._checks[name]()  # the check the latest request named, not the first one
+
+    async def answers(self, named: Mapping[str, ReadinessCheck]) -> dict[str, bool]:
+        """Each name's answer within the bound; one not in by then is down (and keeps running)."""
+        pending = {name: self.pending(name, check) for name, check in named.items()}
+        if pending:
+            await asyncio.wait(pending.values(), timeout=self._bound)
+        return {name: _up(answer) for name, answer in pending.items()}
+
+
+def _up(answer: asyncio.Future[bool]) -> bool:
+    if not answer.done() or answer.cancelled():
+        return False  # still running at the bound (or ended by a shutdown): no answer is "down"
+    with contextlib.suppress(Exception):
+        return answer.result()
+    return False
 
 
 def _no_capabilities() -> Mapping[str, ReadinessCheck]:
@@ -83,13 +128,16 @@ def _no_capabilities() -> Mapping[str, ReadinessCheck]:
 def health_router(
     checks: Checks,
     registry: CollectorRegistry = REGISTRY,
-    timeout: float = 2.0,
+    timeout: float = READYZ_BOUND_S,
     capabilities: Checks = _no_capabilities,
+    ttl_s: float = DEFAULT_PROBE_TTL_S,
 ) -> APIRouter:
     """Build the router; `checks` and `capabilities` are called per request so lifespan-created
-    clients are seen. A name in both counts as required."""
+    clients are seen. A name in both counts as required. `timeout` bounds one /readyz answer;
+    each dependency's answer is kept `ttl_s`."""
     router = APIRouter()
     gauge = dependency_gauge(registry)
+    probes = _Probes(timeout, ttl_s)
 
     # documented in the OpenAPI of the services that serve one (the resolver and relay serve none)
     @router.get("/healthz", tags=["health"], summary="Alive", responses=HEALTHZ_RESPONSES)
@@ -101,9 +149,7 @@ def health_router(
         required = dict(checks())
         optional = {k: v for k, v in capabilities().items() if k not in required}
         named = {**required, **optional}
-        results = dict(
-            zip(named, await asyncio.gather(*(_run(c, timeout) for c in named.values())), strict=True)
-        )
+        results = await probes.answers(named)
         for name, up in results.items():
             gauge.labels(dependency=name, required=str(name in required).lower()).set(1 if up else 0)
         failing = sorted(name for name in required if not results[name])

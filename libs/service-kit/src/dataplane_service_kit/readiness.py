@@ -17,13 +17,15 @@ from dataplane_service_kit.logs import get_logger
 log = get_logger(__name__)
 
 # short enough that a paused broker turns /readyz 503 well inside the health router's own bound
-# (2 s) and within the 5 s an operator may expect; long enough for a loaded broker to answer
+# (health.READYZ_BOUND_S, 1.5 s) and within the 5 s an operator may expect; long enough for a
+# loaded broker to answer
 DEFAULT_PROBE_TIMEOUT_S = 1.0
 DEFAULT_PROBE_TTL_S = 1.5
 
 
 class CachedProbe:
-    """`await probe()` → bool: the dependency answered `ask` within `timeout_s`.
+    """`await probe()` → bool: the dependency answered `ask` within `timeout_s` (an `ask` that
+    returns False answered "down").
 
     The answer (either way) is reused for `ttl_s`; concurrent callers share the one probe in
     flight. A probe that raises is an answer ("down"), never an error of /readyz."""
@@ -43,22 +45,31 @@ class CachedProbe:
         self._answer: tuple[bool, float] | None = None  # (up, monotonic time asked)
         self._inflight: asyncio.Task[bool] | None = None
 
-    async def __call__(self) -> bool:
+    def pending(self) -> asyncio.Future[bool]:
+        """The answer as a future, never awaited here: the kept answer (done), else the probe in
+        flight, started if none is. A caller that must answer within its own bound waits on it
+        with `asyncio.wait(..., timeout=)` and leaves it running past that bound: awaiting a
+        cancelled probe would wait for its cleanup, which may talk to the hung dependency."""
         answer = self._answer
         if answer is not None and time.monotonic() - answer[1] < self._ttl:
-            return answer[0]
+            kept: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            kept.set_result(answer[0])
+            return kept
         if self._inflight is None or self._inflight.done():
             self._inflight = asyncio.create_task(self._probe(), name=f"probe-{self._name}")
-        # shielded: one caller's cancellation (the router's own timeout) must not end the probe
+        return self._inflight
+
+    async def __call__(self) -> bool:
+        # shielded: one caller's cancellation (the router's own bound) must not end the probe
         # the others wait for
-        return await asyncio.shield(self._inflight)
+        return await asyncio.shield(self.pending())
 
     async def _probe(self) -> bool:
         asked = time.monotonic()
         try:
             async with asyncio.timeout(self._timeout):
-                await self._ask()
-            up = True
+                # a check that answers False is down as much as one that raises
+                up = await self._ask() is not False
         except Exception as exc:  # "down" is the answer; the class names no address or secret
             log.info("readiness_probe_failed", dependency=self._name, error=type(exc).__name__)
             up = False

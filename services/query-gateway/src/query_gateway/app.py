@@ -22,7 +22,7 @@ from dataplane_service_kit.health import ReadinessCheck, health_router
 from dataplane_service_kit.limits import BodyLimit
 from dataplane_service_kit.logs import get_logger
 from dataplane_service_kit.openapi import distribution_version, openapi_document
-from dataplane_service_kit.readiness import CachedProbe
+from dataplane_service_kit.readiness import DEFAULT_PROBE_TIMEOUT_S, CachedProbe
 from dataplane_service_kit.request_durations import RequestDurations
 from dataplane_service_kit.telemetry import FASTAPI_TELEMETRY, ServerSpans
 from query_gateway.catalogue.load import CatalogueRefused, check_catalogue, parse_catalogue
@@ -145,7 +145,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             return bool(await redis.ping())
 
         async def db_ok() -> bool:
-            return bool(await pool.fetchval("SELECT 1", timeout=settings.database_acquire_timeout_ms / 1000))
+            return await _pool_answers(pool)
 
         # docs/faults.md: required = the replica can serve nothing useful without it; a
         # capability's loss refuses only its requests (each with its code) and keeps the replica
@@ -160,7 +160,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             fp = flows_pool
 
             async def flows_ok() -> bool:
-                return bool(await fp.fetchval("SELECT 1", timeout=settings.dps_grant_timeout_s))
+                return await _pool_answers(fp)
 
             capabilities["flows_db"] = flows_ok
         app.state.gateway = gw
@@ -175,6 +175,25 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
         app.state.checks = {}
         app.state.capabilities = {}
+
+
+async def _pool_answers(pool: asyncpg.Pool) -> bool:
+    """SELECT 1 on a pooled connection, acquire and answer within DEFAULT_PROBE_TIMEOUT_S (below
+    /readyz's bound). `pool.fetchval(timeout=)` bounded neither the acquire nor its own release:
+    a timed-out statement is returned to the pool only once asyncpg's cancel request to the
+    server ends, bounded by the command timeout (32 s by default) — against a stopped server,
+    the whole of it. A connection that did not answer is terminated instead (no word to the
+    server), so the probe ends at its bound and the pool opens a fresh connection later."""
+    async with asyncio.timeout(DEFAULT_PROBE_TIMEOUT_S):
+        connection = await pool.acquire()
+    try:
+        async with asyncio.timeout(DEFAULT_PROBE_TIMEOUT_S):
+            return bool(await connection.fetchval("SELECT 1"))
+    except BaseException:
+        connection.terminate()
+        raise
+    finally:
+        await pool.release(connection)
 
 
 def _refuse_early(settings: Settings) -> None:
