@@ -39,6 +39,7 @@ from query_gateway.rules.verdicts import (
 from query_gateway.sql import DEFAULT_LIMIT, NarrowedQuery, QueryPage, ValidatedQuery, narrow_query, sql_shape
 from query_gateway.sql import validate_query as _validate_query
 from query_gateway.sql.execute import check_text
+from query_gateway.sql.growth import check_growth
 from query_gateway.sql.pg_verify import check_narrowed, check_original
 from query_gateway.sql.shape import shape_of
 from query_gateway.state import Gateway
@@ -115,6 +116,8 @@ async def validate(gw: Gateway, sql: str | None, ctx: AccessContext) -> Validate
     text = _admissible(gw, sql)
     q = await _off_loop_if_long(text, _validate_query, text, gw.catalogue)
     await _off_loop_if_long(text, check_original, q)  # QE-12: PostgreSQL's parser reads it alike
+    # QE-11: no value of the statement can grow past the budget
+    await _off_loop_if_long(text, check_growth, q, gw.columns, gw.settings.query_max_value_bytes)
     ctx.touching(list(q.dataset_ids))
     if _debug():
         log.debug("query_received", shape=shape_of(q.tree), datasets=list(q.dataset_ids))

@@ -82,6 +82,10 @@ class Settings(
     # 0 turns the share off: the code's default until the suite's many-callers-of-one-identity
     # tests are reviewed against it; the chart turns it on (gateway.queryMaxConcurrentPerConsumer)
     query_max_concurrent_per_consumer: int = Field(default=0, ge=0, le=1000)
+    # QE-11: the most bytes any value of a statement may grow to, bound statically before it runs
+    # (400 query_too_expensive past it); no value turns it off: a statement that can grow one
+    # backend's memory past every other guard is refused whatever the deployment
+    query_max_value_bytes: int = Field(default=4 * 1024 * 1024, ge=64 * 1024, le=1024 * 1024 * 1024)
     # the key that signs records cursors (docs/records.md); required at start-up on a DPS gateway
     # whose catalogue declares `records:`. Changing it invalidates every cursor handed out
     records_cursor_secret: SecretStr | None = None
