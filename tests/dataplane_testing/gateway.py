@@ -221,9 +221,10 @@ EXTRA_DATASETS = """
 """
 
 
-def extended_catalogue(directory: Path) -> str:
-    path = directory / "catalogue-extended.yaml"
-    path.write_text(CATALOGUE.read_text().rstrip("\n") + "\n" + EXTRA_DATASETS)
+def extended_catalogue(directory: Path, extra: str = EXTRA_DATASETS, name: str = "extended") -> str:
+    """The shared catalogue with the datasets `extra` lists appended, written in `directory`."""
+    path = directory / f"catalogue-{name}.yaml"
+    path.write_text(CATALOGUE.read_text().rstrip("\n") + "\n" + extra)
     return str(path)
 
 

@@ -36,6 +36,7 @@ from dataplane_contracts.plans import (
 from dataplane_contracts.topics import PLAN_REPLIES, PLAN_REQUESTS, TopicSpec, topic_specs
 from filter_resolver.settings import Settings
 
+from .gateway import CACHE_SECRET
 from .processes import ServiceProcess
 from .topics import assigned, follow
 
@@ -56,6 +57,20 @@ def make_settings(**overrides: Any) -> Settings:
     }
     values.update(overrides)
     return Settings(**values)
+
+
+def resolver_beside(kafka: str, redis: str, test: str) -> Settings:
+    """A resolver beside a test's own broker and Redis, in a consumer group of its own (named
+    after `test`, unique per run), answering quickly; the cache key secret is the one the
+    gateway settings of `dataplane_testing.gateway` share."""
+    return Settings(
+        kafka_bootstrap_servers=kafka,
+        kafka_fetch_max_wait_ms=10,
+        kafka_enable_idempotence=False,
+        redis_url=redis,
+        row_filters_cache_key_secret=CACHE_SECRET,
+        resolver_group_id=f"{test}-{os.getpid()}-{time.monotonic_ns()}",
+    )
 
 
 def person(issuer: Any, username: str, *, email: str | None = None, expires_in: int = 300) -> CallerIdentity:

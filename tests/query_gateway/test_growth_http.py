@@ -5,6 +5,7 @@ of the datasets database grows: their peak RSS is read from /proc and printed (`
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import asyncpg
@@ -13,6 +14,8 @@ import pytest
 
 from dataplane_local.doubles.ds_connector import DsConnectorDouble
 from dataplane_testing.gateway import World, ds_policy, edr_query
+from query_gateway.app import create_app
+from query_gateway.state import gateway_of
 
 RSS_LIMIT_KB = 256 * 1024
 
@@ -82,3 +85,24 @@ async def test_qe11_no_backend_grows_across_the_class(client: httpx.AsyncClient,
     peak = _peak_rss_kb(pids)
     print(f"\npeak RSS of {len(pids)} datasets backends after the class: {peak / 1024:.1f} MB")
     assert 0 < peak < RSS_LIMIT_KB
+
+
+async def test_qe11_a_statements_verdict_is_kept_per_text_and_dropped_by_a_reload(world: World) -> None:
+    """The bound is computed once per statement text (it costs about 0.2 ms per request); the
+    kept verdict answers the same refusal, and the gateway a catalogue reload builds keeps none
+    (the column types the bound reads may have changed)."""
+    app = create_app(world.settings())
+    async with app.router.lifespan_context(app):
+        gw = gateway_of(app.state)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as c:
+            refused, ok = CLASS[0], "SELECT id, label FROM stats ORDER BY id"
+            first = await c.post("/query", json={"sql": refused})
+            assert (await c.post("/query", json={"sql": ok})).status_code == 200
+            assert gw.growth_verdicts.get(refused) == first.json()["detail"]
+            assert gw.growth_verdicts.get(ok) == ""
+            again = await c.post("/query", json={"sql": refused})
+            assert (again.status_code, again.json()) == (first.status_code, first.json())
+            assert len(gw.growth_verdicts) == 2
+        reloaded = dataclasses.replace(gw, entries={})  # what catalogue/reload.py builds
+        assert len(reloaded.growth_verdicts) == 0

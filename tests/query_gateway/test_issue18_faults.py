@@ -142,23 +142,14 @@ async def test_issue18_database_stopped_every_request_answers_within_its_bound_w
 
 # ---------------------------------------------------------------------------- broker
 async def test_issue18_broker_paused_readyz_names_kafka_and_returns(world: World, tmp_path: Path) -> None:
+    from dataplane_testing.resolver import resolver_beside
     from filter_resolver.app import create_app as resolver_app
-    from filter_resolver.settings import Settings as ResolverSettings
 
     kafka = infra.start_kafka(tmp_path / "kafka")
     try:
         os.environ.setdefault("KAFKA_REPLICATION_FACTOR", "1")
         await create_topics(kafka.url, topic_specs())
-        resolver = resolver_app(
-            ResolverSettings(
-                kafka_bootstrap_servers=kafka.url,
-                kafka_fetch_max_wait_ms=10,
-                kafka_enable_idempotence=False,
-                redis_url=world.redis_url,
-                row_filters_cache_key_secret="test-cache-key-secret-0123456789",
-                resolver_group_id=f"issue18-{os.getpid()}-{time.monotonic_ns()}",
-            )
-        )
+        resolver = resolver_app(resolver_beside(kafka.url, world.redis_url, "issue18"))
         settings = world.settings(kafka_bootstrap_servers=kafka.url)
         async with (
             gateway(settings) as gw,

@@ -9,7 +9,6 @@ Every server is this test's own and stopped in `finally`; a paused one is resume
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 from dataplane_contracts.topics import topic_specs
@@ -20,8 +19,8 @@ from dataplane_service_kit.topics_cli import create_topics
 from dataplane_testing.databases import admin, create_database
 from dataplane_testing.faults import raw_client, readyz_settles
 from dataplane_testing.gateway import SEED, World
+from dataplane_testing.resolver import resolver_beside
 from filter_resolver.app import create_app as resolver_app
-from filter_resolver.settings import Settings as ResolverSettings
 from query_gateway.app import create_app
 
 BOUND_S = READYZ_BOUND_S + 0.25  # the slack: an in-process request's own overhead on a busy host
@@ -47,16 +46,7 @@ async def test_issue35_readyz_within_bound_under_hung_redis_postgres_and_broker(
         gateway = create_app(
             world.settings(datasets_database_url=url, redis_url=redis.url, kafka_bootstrap_servers=kafka.url)
         )
-        resolver = resolver_app(
-            ResolverSettings(
-                kafka_bootstrap_servers=kafka.url,
-                kafka_fetch_max_wait_ms=10,
-                kafka_enable_idempotence=False,
-                redis_url=redis.url,
-                row_filters_cache_key_secret="test-cache-key-secret-0123456789",
-                resolver_group_id=f"issue35-{os.getpid()}-{time.monotonic_ns()}",
-            )
-        )
+        resolver = resolver_app(resolver_beside(kafka.url, redis.url, "issue35"))
         async with (
             gateway.router.lifespan_context(gateway),
             raw_client(gateway) as gw,

@@ -5,13 +5,12 @@ strictly typed."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import httpx
 import pytest
 
 from dataplane_local.doubles.ds_connector import DsConnectorDouble
-from dataplane_testing.gateway import CATALOGUE, World, ds_policy, edr_query, running_gateway
+from dataplane_testing.gateway import World, ds_policy, edr_query, extended_catalogue, running_gateway
 from query_gateway.sql.pg_verify import DISAGREEMENT
 
 DOTTED = """
@@ -25,17 +24,11 @@ DOTTED = """
 """
 
 
-def dotted_catalogue(directory: Path) -> str:
-    path = directory / "catalogue-dotted.yaml"
-    path.write_text(CATALOGUE.read_text().rstrip("\n") + "\n" + DOTTED)
-    return str(path)
-
-
 @pytest.fixture(scope="module")
 async def dotted_client(
     world: World, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[httpx.AsyncClient]:
-    path = dotted_catalogue(tmp_path_factory.mktemp("catalogue"))
+    path = extended_catalogue(tmp_path_factory.mktemp("catalogue"), DOTTED, "dotted")
     async with running_gateway(world.settings(catalogue_path=path)) as c:
         yield c
 

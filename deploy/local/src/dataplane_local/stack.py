@@ -598,7 +598,7 @@ class Stack:
             alive = record_alive(rec)
             state = "running" if alive else "DEAD"
             if alive and rec.kind == "service":
-                state = "ready" if _probe(f"{rec.url}/readyz") else "running, NOT READY"
+                state = "ready" if _probe(f"{rec.url}/readyz")[0] else "running, NOT READY"
             healthy = healthy and alive
             self.log(f"{rec.kind:8} {rec.name:16} pid {rec.pid:<8} {state:18} {rec.url}")
         if any(r.name == "kafka" and not record_alive(r) for r in records):
@@ -632,19 +632,44 @@ def _leads_group(pid: int) -> bool:
         return False
 
 
-def _probe(url: str) -> bool:
+def _probe(url: str) -> tuple[bool, str]:
+    """Ready or not, and what the endpoint last said (its body, or the transport error's class)."""
     try:
-        return httpx.get(url, timeout=2.0).status_code == 200
-    except httpx.HTTPError:
-        return False
+        r = httpx.get(url, timeout=2.0)
+    except httpx.HTTPError as exc:
+        return False, type(exc).__name__
+    return r.status_code == 200, f"{r.status_code} {r.text[:300]}"
+
+
+# lines of a service's log quoted in a start-up failure: a CI run keeps only what the test printed,
+# never the stack's temporary directory
+LOG_TAIL_LINES = 25
+
+
+def log_tail(path: str | None, lines: int = LOG_TAIL_LINES) -> str:
+    if path is None:
+        return "(no log)"
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            text = f.read().decode(errors="replace")
+    except OSError as exc:
+        return f"(log unreadable: {type(exc).__name__})"
+    return "\n".join(text.splitlines()[-lines:])
 
 
 def _wait_http(url: str, timeout: float, rec: ProcRecord) -> None:
     deadline = time.monotonic() + timeout
+    said = "no answer yet"
     while time.monotonic() < deadline:
         if not record_alive(rec):
-            raise StackError(f"{rec.name} exited during start-up; see {rec.log}")
-        if _probe(url):
+            raise StackError(f"{rec.name} exited during start-up; see {rec.log}:\n{log_tail(rec.log)}")
+        up, said = _probe(url)
+        if up:
             return
         time.sleep(0.2)
-    raise StackError(f"{rec.name} not ready at {url} within {timeout:.0f}s; see {rec.log}")
+    raise StackError(
+        f"{rec.name} not ready at {url} within {timeout:.0f}s (last answer: {said}); see {rec.log}:\n"
+        + log_tail(rec.log)
+    )

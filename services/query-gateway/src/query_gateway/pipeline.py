@@ -36,10 +36,18 @@ from query_gateway.rules.verdicts import (
     judge,
     layer_requests,
 )
-from query_gateway.sql import DEFAULT_LIMIT, NarrowedQuery, QueryPage, ValidatedQuery, narrow_query, sql_shape
+from query_gateway.sql import (
+    DEFAULT_LIMIT,
+    ColumnTypes,
+    NarrowedQuery,
+    QueryPage,
+    ValidatedQuery,
+    narrow_query,
+    sql_shape,
+)
 from query_gateway.sql import validate_query as _validate_query
 from query_gateway.sql.execute import check_text
-from query_gateway.sql.growth import check_growth
+from query_gateway.sql.growth import GrowthRefused, check_growth
 from query_gateway.sql.pg_verify import check_narrowed, check_original
 from query_gateway.sql.shape import shape_of
 from query_gateway.state import Gateway
@@ -109,6 +117,26 @@ def _admissible(gw: Gateway, sql: str | None) -> str:
     return sql
 
 
+def _growth_verdict(q: ValidatedQuery, columns: ColumnTypes, max_value_bytes: int) -> str:
+    try:
+        check_growth(q, columns, max_value_bytes)
+    except GrowthRefused as refused:
+        return refused.detail
+    return ""
+
+
+async def _within_growth_budget(gw: Gateway, q: ValidatedQuery) -> None:
+    """QE-11: no value of the statement can grow past the budget. The verdict is kept per text
+    (read and written on the event loop only; the bound itself may be computed off it)."""
+    verdict = gw.growth_verdicts.get(q.text)
+    if verdict is None:
+        max_bytes = gw.settings.query_max_value_bytes
+        verdict = await _off_loop_if_long(q.text, _growth_verdict, q, gw.columns, max_bytes)
+        gw.growth_verdicts.put(q.text, verdict)
+    if verdict:
+        raise GrowthRefused(verdict)
+
+
 async def validate(gw: Gateway, sql: str | None, ctx: AccessContext) -> ValidatedQuery:
     """The admissible statement validated (parsed once: the tree is cached by text), a long
     one in a worker thread: a parse is pure CPU, and on the event loop it would stall every
@@ -116,8 +144,7 @@ async def validate(gw: Gateway, sql: str | None, ctx: AccessContext) -> Validate
     text = _admissible(gw, sql)
     q = await _off_loop_if_long(text, _validate_query, text, gw.catalogue)
     await _off_loop_if_long(text, check_original, q)  # QE-12: PostgreSQL's parser reads it alike
-    # QE-11: no value of the statement can grow past the budget
-    await _off_loop_if_long(text, check_growth, q, gw.columns, gw.settings.query_max_value_bytes)
+    await _within_growth_budget(gw, q)
     ctx.touching(list(q.dataset_ids))
     if _debug():
         log.debug("query_received", shape=shape_of(q.tree), datasets=list(q.dataset_ids))

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dataplane_contracts.catalogue import Catalogue, DatasetEntry
+from dataplane_service_kit.bounded_cache import BoundedCache
 from query_gateway.clients.concurrency import ConsumerSlots
 from query_gateway.clients.connector import ConnectorClient
 from query_gateway.clients.disclosure import DisclosurePublisher
@@ -20,6 +21,8 @@ from query_gateway.rules.policy import needs_caller
 from query_gateway.settings import Settings
 from query_gateway.sql import ColumnTypes, QueryExecutor
 from query_gateway.sql.exposure import MaskKey
+
+GROWTH_VERDICTS_KEPT = 1024
 
 
 @dataclass
@@ -42,6 +45,12 @@ class Gateway:
     # some dataset can be read without a bearer: else an anonymous request is refused 401 before
     # its statement is parsed (what the statement says is no business of an anonymous caller)
     anonymous_readable: bool = False
+    # QE-11's verdict per statement text ("" = within the budget, else the refusal's reason): a
+    # repeated statement is not bounded again. Not an init field, so a catalogue reload (which
+    # may change the column types the bound reads) starts with none
+    growth_verdicts: BoundedCache[str, str] = field(
+        default_factory=lambda: BoundedCache(GROWTH_VERDICTS_KEPT), init=False
+    )
 
     def __post_init__(self) -> None:
         self.entries = self.catalogue.by_id()
