@@ -94,6 +94,7 @@ async def test_rf10_every_event_reaches_ds_while_producers_race_on_the_broker(
         accepted = Counter(ds.accepted())
         missing = set(ids) - set(accepted)
         metrics = await asyncio.to_thread(relay.metrics)
+        jumps = h.sample(metrics, "audit_relay_fetch_jumps_total")
         gaps = h.sample(metrics, "audit_relay_offset_gaps_total")
         state = {
             name: h.total(metrics, name)
@@ -101,12 +102,14 @@ async def test_rf10_every_event_reaches_ds_while_producers_race_on_the_broker(
         }
         print(
             f"\n{len(ids)} published by {PRODUCERS} producers, {len(set(accepted))} accepted by ds, "
-            f"{sum(accepted.values()) - len(set(accepted))} posted twice, jumps fetched again: {gaps:g}; "
+            f"{sum(accepted.values()) - len(set(accepted))} posted twice, jumps fetched again: "
+            f"{jumps:g}, commits refused: {gaps:g}; "
             f"published in {publish_s:.1f} s; a plain consumer beside the relay was handed "
             f"{len(witness_jumps)} jumps; relay at the end: {state}"
         )
         assert not missing
         assert set(accepted) == set(ids)  # nothing ds never should have had
+        assert gaps == 0  # intake took no jump the commit check had to catch
     finally:
         relay.stop()
         server.stop()

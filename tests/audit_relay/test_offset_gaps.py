@@ -1,6 +1,7 @@
 """RF-10 at the relay's intake (issue 35): a fetch that does not continue where the partition's last
 taken record ended is never taken past the hole. The worker fetches again from the missing offset;
-the record that comes back is delivered, and the hole is counted (`audit_relay_offset_gaps_total`).
+the record that comes back is delivered, and the jump is counted (`audit_relay_fetch_jumps_total`);
+a commit past a hole is refused and counted (`audit_relay_offset_gaps_total`).
 A hole the broker keeps showing (transaction markers, compaction) is taken once it has lasted
 AUDIT_RELAY_BROKER_HOLE_CONFIRM_S over several fetches; a batch the broker shows late (after a
 later one, as the local broker does under concurrent producers) is waited for, never skipped. And
@@ -89,10 +90,20 @@ class _Relay:
         worker.fetch_paused = False
 
 
-def _gaps(relay: _Relay) -> float:
+def _counted(relay: _Relay, name: str) -> float:
     text = generate_latest(relay.metrics.registry).decode()
-    line = next(x for x in text.splitlines() if x.startswith("audit_relay_offset_gaps_total "))
+    line = next(x for x in text.splitlines() if x.startswith(f"{name} "))
     return float(line.split()[1])
+
+
+def _jumps(relay: _Relay) -> float:
+    """Fetches that jumped past a record and were fetched again (intake)."""
+    return _counted(relay, "audit_relay_fetch_jumps_total")
+
+
+def _gaps(relay: _Relay) -> float:
+    """Commits refused by the check before every commit."""
+    return _counted(relay, "audit_relay_offset_gaps_total")
 
 
 def test_contiguous_stops_at_a_hole_and_takes_a_confirmed_one() -> None:
@@ -169,15 +180,16 @@ def test_rf10_every_fetched_offset_is_delivered_once_and_a_skip_is_counted(
     assert relay.consumer.commits == sorted(relay.consumer.commits)
     assert relay.consumer.commits[-1] == log_size  # committed to the end, never past a record
     effective = {s for s in skips if s < log_size - 1}
-    assert _gaps(relay) <= len(effective)
+    assert _jumps(relay) <= len(effective)
     if not effective:
-        assert _gaps(relay) == 0
+        assert _jumps(relay) == 0
+    assert _gaps(relay) == 0  # intake never left the commit a hole to refuse
 
 
 def test_rf10_a_skipped_record_is_fetched_again_counted_and_delivered() -> None:
     relay = asyncio.run(_drive(30, {10}, [5] * 10, 64))
     assert sorted(relay.delivered) == list(range(30))
-    assert _gaps(relay) == 1
+    assert (_jumps(relay), _gaps(relay)) == (1, 0)
     assert 10 in relay.consumer.seeks  # fetched again from the missing offset
 
 
@@ -186,14 +198,14 @@ def test_rf10_a_batch_the_broker_shows_late_is_waited_for_not_skipped() -> None:
     # previous rule (a jump seen twice is the broker's own hole) took 13 and skipped 12 for good
     relay = asyncio.run(_drive(30, set(), [5] * 20, 64, late={12: 4}))
     assert sorted(relay.delivered) == list(range(30))
-    assert _gaps(relay) == 1
+    assert (_jumps(relay), _gaps(relay)) == (1, 0)
     assert relay.consumer.commits[-1] == 30
 
 
 def test_a_hole_the_broker_keeps_showing_is_taken_and_not_counted() -> None:
     relay = asyncio.run(_drive(30, set(), [5] * 12, 64, holes=frozenset({12}), hole_confirm_s=0.0))
     assert sorted(relay.delivered) == [o for o in range(30) if o != 12]
-    assert _gaps(relay) == 0
+    assert (_jumps(relay), _gaps(relay)) == (0, 0)
     assert relay.consumer.commits[-1] == 30
 
 
@@ -228,7 +240,7 @@ def test_rf10_a_commit_past_an_offset_never_delivered_is_refused_and_fetched_aga
     relay = asyncio.run(scenario())
     assert relay.consumer.commits == [2, 5]
     assert 2 in relay.delivered
-    assert _gaps(relay) == 1
+    assert (_jumps(relay), _gaps(relay)) == (0, 1)
 
 
 async def _settle() -> None:

@@ -62,8 +62,16 @@ class Metrics:
         )
         self.offset_gaps = Counter(
             "audit_relay_offset_gaps",
-            "Fetches that did not continue where the partition's last record ended; the relay "
-            "fetched again from that offset instead of taking them (RF-10: never skip one).",
+            "Commits refused because an offset between the last commit and the new one was "
+            "neither delivered, dead-lettered nor a hole the broker kept showing; the partition "
+            "was fetched again from the last commit (RF-10: never skip one). 0 unless the relay "
+            "has a fault.",
+            registry=self.registry,
+        )
+        self.fetch_jumps = Counter(
+            "audit_relay_fetch_jumps",
+            "Fetches that jumped past a record the broker showed a moment later; the relay fetched "
+            "again from the missing offset instead of taking the jump (a broker's reordering).",
             registry=self.registry,
         )
         for outcome in ("delivered", "retried", "dead_lettered"):

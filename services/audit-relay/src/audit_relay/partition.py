@@ -135,17 +135,17 @@ class PartitionWorker:
 
     def _settle_gap(self, first: int) -> None:
         """A re-fetch after a suspected hole answered: the missing record came back (the fetch
-        had skipped it: counted, logged as an error, alerted on), or the jump lasted long enough to
-        be the broker's own hole (taken)."""
+        had jumped past it: counted in audit_relay_fetch_jumps_total, logged), or the jump lasted
+        long enough to be the broker's own hole (taken)."""
         suspect = self._suspect_gap
         if suspect is None:
             return
         self._suspect_gap = None
         skipped = first == suspect.expected
         if skipped:
-            self.relay.metrics.offset_gaps.inc()
-        (log.error if skipped else log.info)(
-            "offset_gap" if skipped else "broker_offset_gap",
+            self.relay.metrics.fetch_jumps.inc()
+        (log.warning if skipped else log.info)(
+            "fetch_jump" if skipped else "broker_offset_gap",
             partition=self.tp.partition,
             expected=suspect.expected,
             fetched=suspect.found,
