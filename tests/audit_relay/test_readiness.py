@@ -12,12 +12,18 @@ import time
 import uuid
 from pathlib import Path
 
+import httpx
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from audit_relay.health import Health
 from dataplane_local import infra
+from dataplane_local.procs import paused
+from dataplane_service_kit.health import READYZ_BOUND_S
 from dataplane_testing import audit_relay as h
+from dataplane_testing.faults import readyz_settles
+
+BOUND_S = READYZ_BOUND_S + 0.25  # the slack: a request's own overhead on a busy host
 
 
 async def test_unready_naming_the_broker_once_it_is_gone_longer_than_the_grace(harness: h.Harness) -> None:
@@ -128,3 +134,33 @@ async def test_ready_again_once_the_partition_waiting_on_a_failing_connector_mov
 async def _failing(harness: h.Harness, dependency: str) -> bool:
     r = await asyncio.to_thread(harness.relay.readyz)
     return r is not None and r.status_code == 503 and dependency in r.json()["failing"]
+
+
+async def test_issue35_readyz_within_bound_under_a_paused_broker(harness: h.Harness) -> None:
+    """Issue 35, "readiness within its bound", on the relay: the broker hung (SIGSTOP, so every
+    request to it waits rather than fails) and resumed. Every /readyz answer, while hung and while
+    recovering, comes back within READYZ_BOUND_S (plus a slack): ready within the grace, then 503
+    naming the broker, then ready again once the broker answers."""
+    workdir = Path(tempfile.mkdtemp(prefix="audit-relay-paused-"))
+    broker = infra.start_kafka(workdir / "kafka")
+    suffix = uuid.uuid4().hex[:8]
+    topic, dlq_topic = f"test.audit.paused.{suffix}", f"test.audit.paused.{suffix}.dlq"
+    relay = None
+    whole = (200, {"status": "ready"})
+    hung = (503, {"status": "unready", "error": "not_ready", "failing": ["broker"]})
+    try:
+        await h.make_topics(broker.url, topic, dlq_topic)
+        urls = {h.PROVIDER_A: harness.a.server.url}
+        env = h.relay_env(broker.url, topic, dlq_topic, f"relay-paused-{suffix}", harness.issuer, urls)
+        relay = h.relay_process(env, workdir / "relay.log")
+        relay.start()
+        await relay.wait_ready()
+        async with httpx.AsyncClient(base_url=relay.url) as client:
+            await readyz_settles(client, BOUND_S, whole, before=whole)
+            with paused(broker.pid):
+                await readyz_settles(client, BOUND_S, hung, before=whole, attempts=300)
+            await readyz_settles(client, BOUND_S, whole, before=hung, attempts=300)
+    finally:
+        if relay is not None:
+            relay.stop()
+        broker.stop()
