@@ -1,15 +1,20 @@
-"""What issue 15's admission checks cost a request (docs/gateway.md, QE-06 and GS-14): the bench
-system with two more gateway replicas beside replica 1 (both checks off) — one with the cost guard
-(`QUERY_MAX_PLAN_COST`, one `EXPLAIN` round trip more) and one with a rate limit no request reaches
-(`RATE_LIMIT_PER_SECOND`, one Redis script call more) — measured in interleaved rounds on the
-same warm path, side by side, with each one's ratio to replica 1 (not a test, not part of run.py).
+"""What the admission checks of issues 15 and 34 cost a request (docs/gateway.md, QE-06, QE-10,
+GS-14): the bench system with more gateway replicas beside replica 1 (every check as the bench
+runs it: the calibrated cost guard, the consumer share and its total in Redis) — one with none of
+them, and one with each alone: the calibrated cost guard (`QUERY_PLAN_COST_CALIBRATE`, one
+`EXPLAIN` round trip more), the consumer share (QE-10, at a size no run reaches: the count in
+the replica and a lease taken and given back in Redis, two round trips) and a rate limit no
+request reaches (`RATE_LIMIT_PER_SECOND`, one Redis script call more) — measured in interleaved
+rounds on the same warm path, side by side, with each one's ratio to the replica with none (not
+a test, not part of run.py). QE-11's growth bound and QE-12's second parse cost no round trip:
+bench/pg_parse.py measures them in-process.
 
     uv run python bench/limits.py --path edr --path normal --rounds 3 --requests 1000 --concurrency 1
 
 Prints, per path and variant: gateway CPU ms per request (/proc, the figure other load on the
 machine moves least), PostgreSQL CPU ms per request (the postmaster and its backends: the cost
 guard plans the statement twice), p50 and p99 latency, req/s; then the medians over the rounds
-and their ratios to the replica without either check."""
+and their ratios to the replica without any check."""
 
 from __future__ import annotations
 
@@ -33,13 +38,24 @@ assert _spec is not None and _spec.loader is not None
 gateway_profile = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gateway_profile)
 
-# a bound the bench's warm statements stay far below (its EXPLAIN: an index scan of 100 keys)
-PLAN_COST = "10000000"
 # a rate no run reaches: every request pays the script call and is admitted
 UNREACHED_RATE = "1000000"
+NONE = {
+    "QUERY_PLAN_COST_CALIBRATE": "false",
+    "QUERY_MAX_PLAN_COST": "0",
+    "QUERY_MAX_CONCURRENT_PER_CONSUMER": "0",
+    "QUERY_MAX_CONCURRENT_PER_CONSUMER_TOTAL": "0",
+}
+# replica 1 runs every check but the rate limit (bench/system.py: the share never reached)
 VARIANTS: dict[str, dict[str, str]] = {
-    "guard": {"QUERY_MAX_PLAN_COST": PLAN_COST},
-    "limiter": {"RATE_LIMIT_PER_SECOND": UNREACHED_RATE, "RATE_LIMIT_BURST": UNREACHED_RATE},
+    "none": NONE,
+    "guard": {**NONE, "QUERY_PLAN_COST_CALIBRATE": "true"},
+    "share": {
+        **NONE,
+        "QUERY_MAX_CONCURRENT_PER_CONSUMER": "1000",
+        "QUERY_MAX_CONCURRENT_PER_CONSUMER_TOTAL": "100000",
+    },
+    "limiter": {**NONE, "RATE_LIMIT_PER_SECOND": UNREACHED_RATE, "RATE_LIMIT_BURST": UNREACHED_RATE},
 }
 
 
@@ -103,7 +119,7 @@ def _line(path: str, variant: str, f: Figures, base: Figures | None) -> str:
 
 
 async def _measure(bench: Bench, args: argparse.Namespace) -> None:
-    replicas = {"off": _replica(bench, "query-gateway")}
+    replicas = {"all": _replica(bench, "query-gateway")}
     for variant, env in VARIANTS.items():
         instance = await asyncio.to_thread(bench.stack.add_instance, "query-gateway", env)
         replicas[variant] = _replica(bench, instance)
@@ -123,7 +139,7 @@ async def _measure(bench: Bench, args: argparse.Namespace) -> None:
             f"\n== {path} c={args.concurrency}: medians of {args.rounds} rounds of {args.requests} requests"
         )
         for variant in replicas:
-            base = None if variant == "off" else figures["off"]
+            base = None if variant == "none" else figures["none"]
             print("== " + _line(path, variant, figures[variant], base), flush=True)
         print()
 

@@ -1,8 +1,9 @@
-"""What QE-12's second parse costs the gateway (docs/gateway.md): CPU ms per request of the pure
-SQL steps — validation, the rewrite and its sqlglot verification, then PostgreSQL's reading of the
-caller's statement, of the narrowed one and of the page statements around it (sql/pg_verify.py) —
-on the bench's EDR and normal statements, with and without the second parse, interleaved in one
-run.
+"""What QE-12's second parse and QE-11's growth bound cost the gateway (docs/gateway.md): CPU ms
+per request of the pure SQL steps — validation, the rewrite and its sqlglot verification, then
+PostgreSQL's reading of the caller's statement, of the narrowed one and of the page statements
+around it (sql/pg_verify.py), then the growth bound of the validated statement (sql/growth.py,
+as the gateway calls it: a verdict kept per text) — on the bench's EDR and normal statements,
+without either, with the second parse, and with both, interleaved in one run.
 
 Two regimes: `cold`, each request a text never seen (a fresh literal in it), so no cache helps
 any step; `warm`, the same text each time, as a bench's load repeats it (every step cached).
@@ -21,8 +22,11 @@ from collections.abc import Callable
 
 from dataplane_contracts.catalogue import Catalogue
 from dataplane_contracts.plans import Plan
+from dataplane_service_kit.bounded_cache import BoundedCache
 from query_gateway.sql import narrow_query, validate_query
+from query_gateway.sql.growth import check_growth
 from query_gateway.sql.pg_verify import check_narrowed, check_original
+from query_gateway.state import GROWTH_VERDICTS_KEPT
 
 TABLE = "bench_readings"  # bench/system.py's table, here without a database
 EDR_SQL = f"SELECT pod, count(*) AS readings, avg(value) AS mean FROM {TABLE} GROUP BY pod ORDER BY pod"
@@ -44,6 +48,9 @@ CATALOGUE = Catalogue.model_validate(
 )
 PLANS = {TABLE: [Plan.among("pod", [f"P{i:07d}" for i in range(20)], key_type="pod", label="pods")]}
 _fresh = itertools.count()
+MAX_VALUE_BYTES = 4 * 1024 * 1024  # QUERY_MAX_VALUE_BYTES's default
+_verdicts: BoundedCache[str, bool] = BoundedCache(GROWTH_VERDICTS_KEPT)
+STEPS = ("neither", "+QE-12", "+QE-12+QE-11")
 
 
 def _text(sql: str, cold: bool) -> str:
@@ -51,12 +58,15 @@ def _text(sql: str, cold: bool) -> str:
     return sql.replace(" FROM ", f", {next(_fresh)} AS k FROM ", 1) if cold else sql
 
 
-def _request(sql: str, second_parse: bool) -> None:
+def _request(sql: str, step: str) -> None:
     q = validate_query(sql, CATALOGUE)
-    if second_parse:
+    if step != "neither":
         check_original(q)
+    if step == "+QE-12+QE-11" and _verdicts.get(q.text) is None:
+        check_growth(q, COLUMNS, MAX_VALUE_BYTES)  # the gateway keeps the verdict per text
+        _verdicts.put(q.text, True)
     narrowed = narrow_query(q, CATALOGUE, PLANS, COLUMNS)
-    if second_parse:
+    if step != "neither":
         check_narrowed(narrowed)
 
 
@@ -74,19 +84,20 @@ def main() -> None:
     args = ap.parse_args()
     statements = (("EDR", EDR_SQL), ("normal", USER_SQL))
     cases = [(path, sql, cold) for path, sql in statements for cold in (True, False)]
-    figures: dict[tuple[str, bool, bool], list[float]] = {}
+    figures: dict[tuple[str, bool, str], list[float]] = {}
+    for _path, sql in statements:  # the warm regime's caches filled before any is timed
+        _request(sql, STEPS[-1])
     for _ in range(args.rounds):  # interleaved: each round measures every variant once
         for path, sql, cold in cases:
-            for second in (False, True):
-                ms = _ms_per_request(lambda s=sql, c=cold, p=second: _request(_text(s, c), p), args.requests)
-                figures.setdefault((path, cold, second), []).append(ms)
-    print("| statement | regime | without (ms/request) | with (ms/request) | added |")
-    print("| --- | --- | --- | --- | --- |")
+            for step in STEPS:
+                ms = _ms_per_request(lambda s=sql, c=cold, p=step: _request(_text(s, c), p), args.requests)
+                figures.setdefault((path, cold, step), []).append(ms)
+    print("| statement | regime | neither (ms/request) | + second parse | + growth bound | added, both |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for path, _sql, cold in cases:
-        without = statistics.median(figures[(path, cold, False)])
-        with_ = statistics.median(figures[(path, cold, True)])
+        neither, second, both = (statistics.median(figures[(path, cold, step)]) for step in STEPS)
         regime = "cold" if cold else "warm"
-        print(f"| {path} | {regime} | {without:.3f} | {with_:.3f} | {with_ - without:+.3f} |")
+        print(f"| {path} | {regime} | {neither:.3f} | {second:.3f} | {both:.3f} | {both - neither:+.3f} |")
     print(f"\nmedian of {args.rounds} interleaved rounds of {args.requests} requests each")
 
 

@@ -47,6 +47,10 @@ async def system() -> AsyncIterator[object]:
                 "DPS_DID_WEB_ALLOW_HTTP": "true",
                 # GS-14: the demo catalogue plus a rate-limited dataset of its own
                 "CATALOGUE_PATH": str(support.e2e_catalogue(Path(tmp))),
+                # QE-10: the reconciliation's 24 closed-loop clients are one consumer; the share's
+                # default is proved on a gateway of its own (test_consumer_share.py)
+                "QUERY_MAX_CONCURRENT_PER_CONSUMER": "16",
+                "QUERY_MAX_CONCURRENT_PER_CONSUMER_TOTAL": "32",
             },
         )
         # `up` runs its own event loops (asyncio.run): keep them off the test session's loop

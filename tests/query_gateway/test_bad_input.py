@@ -357,7 +357,9 @@ async def test_query_failure_names_no_class_or_sqlstate(
 async def test_statement_timeout_is_query_timeout(world: World) -> None:
     # every pair of `stats` rows, 26 times over: 2^26 rows to count, far beyond 50 ms
     tables = ", ".join(f"stats s{i}" for i in range(26))
-    async with running_gateway(world.settings(query_statement_timeout_ms=50)) as gateway:
+    # the calibrated cost guard (QE-06) would refuse it before it runs: the timeout is under test
+    settings = world.settings(query_statement_timeout_ms=50, query_plan_cost_calibrate=False)
+    async with running_gateway(settings) as gateway:
         r = await gateway.post("/query", json={"sql": f"SELECT count(*) AS n FROM {tables}"})
         assert refused(r, 400, "query_timeout") == "Query exceeded time limit"
         served = await gateway.post("/query", json={"sql": PUBLIC_SQL})  # the pool is unharmed

@@ -63,7 +63,13 @@ async def test_issue18_backends_terminated_under_load_answer_200_or_a_code(
 ) -> None:
     async with scratch_database(postgres_url, SEED) as url:
         name = url.rpartition("/")[2]
-        settings = world.settings(datasets_database_url=url, datasets_pool_max_size=4)
+        # eight workers of one (anonymous) caller: QE-10's share, tested on its own, set above them
+        settings = world.settings(
+            datasets_database_url=url,
+            datasets_pool_max_size=4,
+            query_max_concurrent_per_consumer=8,
+            query_max_concurrent_per_consumer_total=8,
+        )
         answers: list[httpx.Response] = []
         async with gateway(settings) as client:
             stop = asyncio.Event()
@@ -118,6 +124,8 @@ async def test_issue18_database_stopped_every_request_answers_within_its_bound_w
             query_statement_timeout_ms=500,
             database_acquire_timeout_ms=1000,
             database_command_timeout_ms=1500,
+            query_max_concurrent_per_consumer=6,
+            query_max_concurrent_per_consumer_total=6,  # six at once below, every one waiting on the pool
         )
         async with gateway(settings) as client:
             assert (await client.post("/query", json=STATS)).status_code == 200

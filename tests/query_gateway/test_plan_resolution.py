@@ -78,7 +78,10 @@ async def test_identical_misses_in_flight_coalesce(world: World, flushed: FakeRe
     from dataplane_testing.gateway import running_gateway
 
     token = world.user_token("user-2")
-    async with running_gateway(world.settings()) as client:
+    # four at once of one user: past QE-10's default share (tested on its own)
+    async with running_gateway(
+        world.settings(query_max_concurrent_per_consumer=4, query_max_concurrent_per_consumer_total=4)
+    ) as client:
         answers = await asyncio.gather(*(query(client, token) for _ in range(4)))
     assert [[row["id"] for row in a.json()["items"]] for a in answers] == [[1, 3]] * 4
     assert len(flushed.requests) == 1

@@ -150,7 +150,9 @@ async def test_qe06_without_the_guard_the_same_cross_join_is_seen_running(
 ) -> None:
     """The observation of the test above is able to see the statement: unguarded, it runs until
     the statement timeout stops it."""
-    async with gateway(world, big, tmp_path, query_statement_timeout_ms=1_500) as unguarded:
+    async with gateway(
+        world, big, tmp_path, query_statement_timeout_ms=1_500, query_plan_cost_calibrate=False
+    ) as unguarded:
         r, seen = await running_statements(big, unguarded.post("/query", json={"sql": CROSS_JOIN}))
     assert coded(r) == (400, "query_timeout")
     assert seen

@@ -220,7 +220,13 @@ async def _own_issuer_gateway(world: World) -> AsyncIterator[tuple[Any, httpx.As
     """A gateway trusting an issuer of its own, so only this gateway's JWKS fetches are counted."""
     issuer, server = start_oidc_issuer(clients={CLIENT_ID: CLIENT_SECRET})
     try:
-        async with running_gateway(world.settings(celine_oidc_base_url=issuer.base_url)) as client:
+        # eight concurrent first uses of one user: past QE-10's default share, tested on its own
+        settings = world.settings(
+            celine_oidc_base_url=issuer.base_url,
+            query_max_concurrent_per_consumer=8,
+            query_max_concurrent_per_consumer_total=8,
+        )
+        async with running_gateway(settings) as client:
             yield issuer, client
     finally:
         server.stop()

@@ -90,7 +90,7 @@ Call: include "dataplane.env" (dict "root" $ "s" $s)
   value: {{ $v.gateway.queryStatementTimeoutMs | quote }}
 - name: EDR_ENABLED
   value: {{ $v.gateway.edrEnabled | quote }}
-{{- range $env, $key := dict "QUERY_MAX_SQL_CHARS" "queryMaxSqlChars" "QUERY_MAX_BODY_BYTES" "queryMaxBodyBytes" "DATASETS_POOL_MAX_SIZE" "datasetsPoolMaxSize" "RATE_LIMIT_PER_SECOND" "rateLimitPerSecond" "RATE_LIMIT_BURST" "rateLimitBurst" "QUERY_MAX_CONCURRENT_PER_CONSUMER" "queryMaxConcurrentPerConsumer" "QUERY_MAX_VALUE_BYTES" "queryMaxValueBytes" }}
+{{- range $env, $key := dict "QUERY_MAX_SQL_CHARS" "queryMaxSqlChars" "QUERY_MAX_BODY_BYTES" "queryMaxBodyBytes" "DATASETS_POOL_MAX_SIZE" "datasetsPoolMaxSize" "RATE_LIMIT_PER_SECOND" "rateLimitPerSecond" "RATE_LIMIT_BURST" "rateLimitBurst" "QUERY_MAX_CONCURRENT_PER_CONSUMER" "queryMaxConcurrentPerConsumer" "QUERY_MAX_CONCURRENT_PER_CONSUMER_TOTAL" "queryMaxConcurrentPerConsumerTotal" "QUERY_PLAN_COST_CALIBRATE" "queryPlanCostCalibrate" "QUERY_MAX_VALUE_BYTES" "queryMaxValueBytes" }}
 {{- if hasKey $v.gateway $key }}
 - name: {{ $env }}
   value: {{ index $v.gateway $key | toString | quote }}

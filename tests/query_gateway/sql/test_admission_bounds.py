@@ -17,7 +17,8 @@ from query_gateway.clients.concurrency import ConsumerSlots
 from query_gateway.clients.identity import Caller
 from query_gateway.pipeline import caller_identity, caller_key, consumer_key
 from query_gateway.sql import NarrowedQuery, QueryExecutor
-from query_gateway.sql.execute import SESSION_BOUNDS, datasets_pool, largest_cost
+from query_gateway.sql.cost_calibration import largest_cost
+from query_gateway.sql.execute import SESSION_BOUNDS, datasets_pool
 
 
 def _raw(sql: str, *params: object) -> NarrowedQuery:
@@ -103,21 +104,48 @@ async def test_qe06_a_cross_join_window_under_a_limit_is_refused(db: Db) -> None
     assert err.value.code == "query_too_expensive"
 
 
+CROSS_JOIN_WINDOW = (
+    "SELECT rank() OVER (ORDER BY md5(a.x::text), b.y) AS r FROM generate_series(1, 3000) a(x),"
+    " generate_series(1, 3000) b(y) LIMIT 1"
+)
+
+
+async def test_qe06_the_calibrated_guard_refuses_what_cannot_finish_inside_the_timeout(db: Db) -> None:
+    """No fixed threshold: the guard measures the database's pace and refuses an estimate that
+    would need more than the statement timeout at it. A cross-join window of 9 million rows by a
+    text key (tens of seconds here) is refused before it runs; the page statements are not."""
+    calibrated = QueryExecutor(db.pool, 5000, session_defaults=True)
+    assert calibrated.max_plan_cost == 0  # nothing asked before the calibration
+    per_ms = await calibrated.calibrate()
+    assert per_ms > 0 and calibrated.max_plan_cost == pytest.approx(per_ms * 5000)
+    with pytest.raises(ServiceError) as err:
+        await calibrated.run(_raw(CROSS_JOIN_WINDOW), offset=0, limit=1, skip_count=True)
+    assert err.value.code == "query_too_expensive"
+    page = await calibrated.run(
+        _raw("SELECT x FROM generate_series(1, 10) AS g(x)"), offset=0, limit=5, skip_count=False
+    )
+    assert (page.count, page.total) == (5, 10)
+    fixed = QueryExecutor(db.pool, 5000, session_defaults=True, max_plan_cost=1000)
+    await fixed.calibrate()
+    assert fixed.max_plan_cost == 1000  # a lower fixed ceiling stays the ceiling
+
+
 async def test_qe10_a_consumer_past_its_share_is_refused_and_others_are_not() -> None:
     slots = ConsumerSlots(2)
     release = asyncio.Event()
     entered: list[str] = []
 
     async def statement(who: str) -> str:
-        with slots.hold(who):
+        async with slots.hold(who):
             entered.append(who)
             await release.wait()
         return who
 
     flood = [asyncio.create_task(statement("user\x00a")) for _ in range(2)]
     await asyncio.sleep(0)
-    with pytest.raises(ServiceError) as err, slots.hold("user\x00a"):
-        pass
+    with pytest.raises(ServiceError) as err:
+        async with slots.hold("user\x00a"):
+            pass
     assert (err.value.status_code, err.value.code) == (429, "too_many_concurrent_queries")
     assert err.value.headers == {"Retry-After": "1"}
     other = asyncio.create_task(statement("user\x00b"))  # another consumer is let in
@@ -126,7 +154,7 @@ async def test_qe10_a_consumer_past_its_share_is_refused_and_others_are_not() ->
     release.set()
     await asyncio.gather(*flood, other)
     assert slots.running("user\x00a") == 0
-    with slots.hold("user\x00a"):  # its slots came back
+    async with slots.hold("user\x00a"):  # its slots came back
         assert slots.running("user\x00a") == 1
 
 

@@ -27,7 +27,7 @@ from dataplane_service_kit.request_durations import RequestDurations
 from dataplane_service_kit.telemetry import FASTAPI_TELEMETRY, ServerSpans
 from query_gateway.catalogue.load import CatalogueRefused, check_catalogue, parse_catalogue
 from query_gateway.catalogue.reload import watch_catalogue
-from query_gateway.clients.concurrency import ConsumerSlots
+from query_gateway.clients.concurrency import ConsumerSlots, SharedShare
 from query_gateway.clients.connector import ConnectorClient, connector_http, service_tokens
 from query_gateway.clients.disclosure import DisclosurePublisher
 from query_gateway.clients.identity import OidcVerifier
@@ -80,14 +80,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
         )
         stack.push_async_callback(redis.aclose)
-        producer = AIOKafkaProducer(
-            bootstrap_servers=settings.kafka_bootstrap_servers,
-            acks="all",
-            enable_idempotence=settings.kafka_enable_idempotence,
-            linger_ms=0,
-        )
-        await producer.start()
-        stack.push_async_callback(_bounded_stop, producer)
+        producer = await _started_producer(settings, stack)
         plans = PlanClient(settings, redis, producer, app.state.metrics)
         await plans.start()
         stack.push_async_callback(plans.stop)
@@ -102,18 +95,12 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             pull = PullVerifier(
                 settings.dps_token_public_key, flows_pool, timeout_s=settings.dps_grant_timeout_s
             )
+        executor = await _executor(settings, pool, app.state.metrics)
         gw = Gateway(
             settings=settings,
             catalogue=catalogue,
             columns=checked.columns,
-            executor=QueryExecutor(
-                pool,
-                settings.query_statement_timeout_ms,
-                session_defaults=True,
-                acquire_timeout_s=settings.database_acquire_timeout_ms / 1000,
-                command_timeout_s=settings.database_command_timeout_s,
-                max_plan_cost=settings.query_max_plan_cost,
-            ),
+            executor=executor,
             plans=plans,
             oidc=OidcVerifier(
                 http, settings.oidc_jwks_uri(), settings.oidc_issuer(), settings.celine_oidc_audience
@@ -121,7 +108,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             connector=ConnectorClient(
                 http, settings, service_tokens(http, settings), metrics=app.state.metrics
             ),
-            slots=ConsumerSlots(settings.query_max_concurrent_per_consumer),
+            slots=_consumer_slots(settings, redis, executor.bound_s, app.state.metrics),
             disclosures=DisclosurePublisher(producer, settings.audit_publish_timeout_ms, app.state.metrics),
             pull=pull,
             mask_key=checked.mask_key,
@@ -194,6 +181,57 @@ async def _pool_answers(pool: asyncpg.Pool) -> bool:
         raise
     finally:
         await pool.release(connection)
+
+
+async def _started_producer(settings: Settings, stack: contextlib.AsyncExitStack) -> AIOKafkaProducer:
+    producer = AIOKafkaProducer(
+        bootstrap_servers=settings.kafka_bootstrap_servers,
+        acks="all",
+        enable_idempotence=settings.kafka_enable_idempotence,
+        linger_ms=0,
+    )
+    await producer.start()
+    stack.push_async_callback(_bounded_stop, producer)
+    return producer
+
+
+async def _executor(settings: Settings, pool: asyncpg.Pool, metrics: Metrics) -> QueryExecutor:
+    executor = QueryExecutor(
+        pool,
+        settings.query_statement_timeout_ms,
+        session_defaults=True,
+        acquire_timeout_s=settings.database_acquire_timeout_ms / 1000,
+        command_timeout_s=settings.database_command_timeout_s,
+        max_plan_cost=settings.query_max_plan_cost,
+    )
+    if settings.query_plan_cost_calibrate:
+        # QE-06: at start-up, like the catalogue's check, on the same database
+        per_ms = await executor.calibrate()
+        metrics.plan_cost_per_ms.set(per_ms)
+        log.info(
+            "plan_cost_calibrated", cost_per_ms=round(per_ms, 1), max_plan_cost=round(executor.max_plan_cost)
+        )
+    return executor
+
+
+def _consumer_slots(
+    settings: Settings, redis: aioredis.Redis, lease_s: float, metrics: Metrics
+) -> ConsumerSlots:
+    """QE-10: the replica's share, and the total across replicas as leases in Redis that outlive
+    no statement (a lease lasts the longest a request can hold a connection, then a second)."""
+    total = settings.query_max_concurrent_per_consumer_total
+    shared = (
+        SharedShare(
+            redis,
+            settings.row_filters_cache_key_secret.get_secret_value().encode(),
+            total,
+            lease_s + 1,
+            metrics.share_uncounted,
+        )
+        if total
+        else None
+    )
+    return ConsumerSlots(settings.query_max_concurrent_per_consumer, shared)
 
 
 def _refuse_early(settings: Settings) -> None:

@@ -75,3 +75,15 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        # QE-10: statements whose total across replicas could not be counted in Redis (the
+        # replica's own share still bounded them)
+        self.share_uncounted = Counter(
+            "query_gateway_consumer_share_uncounted_total",
+            "Statements run without the per-consumer total across replicas (Redis unavailable)",
+            registry=r,
+        )
+        self.plan_cost_per_ms = Gauge(
+            "query_gateway_plan_cost_per_ms",
+            "PostgreSQL cost units per millisecond measured at start-up (QE-06's calibration; 0 before it)",
+            registry=r,
+        )

@@ -222,7 +222,7 @@ async def _execute(
 ) -> QueryPage:
     """`who`: the consumer's kind-tagged identity, whose share of the pool the statement takes
     (QE-10), refused before a connection is asked for."""
-    with gw.slots.hold(who):
+    async with gw.slots.hold(who):
         return await _run_page(gw, narrowed, body, dataspace)
 
 

@@ -75,13 +75,20 @@ class Settings(
     # the most tokens a bucket holds; 0 = one second's worth (at least 1)
     rate_limit_burst: int = Field(default=0, ge=0, le=1_000_000)
     # QE-06: PostgreSQL's estimated cost of a narrowed statement above which it is refused
-    # before it runs (400 query_too_expensive); 0 = no estimate asked (no extra round trip)
+    # before it runs (400 query_too_expensive); 0 = no fixed ceiling (with the calibration off
+    # too, no estimate asked: no extra round trip)
     query_max_plan_cost: float = Field(default=0, ge=0)
+    # QE-06: measure the database's cost units per millisecond at start-up and refuse an
+    # estimate that could not finish inside the statement timeout (below QUERY_MAX_PLAN_COST
+    # where that is set lower); off leaves only QUERY_MAX_PLAN_COST
+    query_plan_cost_calibrate: bool = True
     # QE-10: the statements one consumer may have running on this replica at once; one more is
     # refused 429 too_many_concurrent_queries, so its slow statements leave the pool to others.
-    # 0 turns the share off: the code's default until the suite's many-callers-of-one-identity
-    # tests are reviewed against it; the chart turns it on (gateway.queryMaxConcurrentPerConsumer)
-    query_max_concurrent_per_consumer: int = Field(default=0, ge=0, le=1000)
+    # 0 turns the replica's share off
+    query_max_concurrent_per_consumer: int = Field(default=3, ge=0, le=1000)
+    # QE-10: the same across every replica, counted as leases in Redis; 0 turns the total off.
+    # A total that cannot be counted leaves the replica's share to bound the statement
+    query_max_concurrent_per_consumer_total: int = Field(default=6, ge=0, le=100_000)
     # QE-11: the most bytes any value of a statement may grow to, bound statically before it runs
     # (400 query_too_expensive past it); no value turns it off: a statement that can grow one
     # backend's memory past every other guard is refused whatever the deployment

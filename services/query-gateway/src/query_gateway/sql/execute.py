@@ -7,10 +7,10 @@ import contextlib
 from typing import Any
 
 import asyncpg
-import orjson
 
 from dataplane_service_kit.errors import ServiceError
 from dataplane_service_kit.logs import get_logger
+from query_gateway.sql.cost_calibration import cost_per_ms, plan_cost
 from query_gateway.sql.model import DEFAULT_LIMIT, MAX_LIMIT, NarrowedQuery, QueryPage
 from query_gateway.sql.pagination import PageQueries, page_and_count
 from query_gateway.sql.rows import page_items
@@ -154,16 +154,6 @@ async def datasets_pool(
     return pool
 
 
-def largest_cost(node: dict[str, Any]) -> float:
-    """The largest total cost of any node of an EXPLAIN (FORMAT JSON) plan. The root's is not
-    enough: a LIMIT (or a page's OFFSET/LIMIT over a window) discounts its input's cost by the
-    fraction it expects to read, while a sort or a window below it must read everything first."""
-    cost = float(node.get("Total Cost", 0.0))
-    for child in node.get("Plans", ()):
-        cost = max(cost, largest_cost(child))
-    return cost
-
-
 class QueryExecutor:
     """Runs a narrowed statement's page, read-only, within the statement timeout.
 
@@ -275,14 +265,27 @@ class QueryExecutor:
         log.error("query_database_unavailable", error=type(err).__name__)
         return _lost()
 
+    @property
+    def max_plan_cost(self) -> float:
+        """The estimate above which a statement is refused (0: no estimate asked)."""
+        return self._max_cost
+
+    async def calibrate(self) -> float:
+        """QE-06: the database's cost units per millisecond, measured now; from then on an
+        estimate that would need more than the statement timeout at that pace is refused (or
+        above QUERY_MAX_PLAN_COST, where that is lower). Returns the figure."""
+        per_ms = await cost_per_ms(self._pool)
+        budget = per_ms * self._timeout_ms
+        self._max_cost = min(self._max_cost, budget) if self._max_cost else budget
+        return per_ms
+
     async def _guard(self, conn: Any, q: NarrowedQuery) -> None:
         """QE-06: PostgreSQL's estimate of the narrowed statement (EXPLAIN, never ANALYZE: nothing
         runs), refused above QUERY_MAX_PLAN_COST. The largest estimate of any node, not the root's:
         a LIMIT hides the cost of what it must read first (a sort, a window over every row)."""
         if not self._max_cost:
             return
-        plan = await conn.fetchval(f"EXPLAIN (FORMAT JSON) {q.sql}", *q.params)
-        cost = largest_cost((orjson.loads(plan) if isinstance(plan, str | bytes) else plan)[0]["Plan"])
+        cost = plan_cost(await conn.fetchval(f"EXPLAIN (FORMAT JSON) {q.sql}", *q.params))
         if cost > self._max_cost:
             # the estimate alone: the plan's text names tables, indexes and bound values
             log.info("query_too_expensive", cost=round(cost))
