@@ -105,56 +105,9 @@ async def read_to_end(
 
 
 async def ends_of(bootstrap: str, topic: str) -> dict[int, int]:
-    """Where each partition of `topic` ends now: the offsets a later `read_since` starts from."""
+    """Where each partition of `topic` ends now: the offsets a later reader starts from."""
     async with assigned(bootstrap, [topic], from_end=True) as (consumer, tps):
         return {tp.partition: await consumer.position(tp) for tp in tps}
-
-
-async def read_since(
-    bootstrap: str,
-    topic: str,
-    starts: dict[int, int],
-    on_record: Callable[[ConsumerRecord], Any],
-    done: Callable[[], bool],
-    *,
-    timeout: float,
-    idle_s: float = 10.0,
-) -> int:
-    """Hand `on_record` every record of `topic` from `starts` on, until `done()` holds and every
-    partition is read to its end offset, or `timeout` (not scaled) passes. A consumer that goes
-    `idle_s` without a record while short of the end is replaced by a fresh one at the positions
-    reached (under a long burst the local broker has left a live reader fetching nothing at all).
-    Returns how many fresh consumers it took."""
-    deadline = time.monotonic() + timeout
-    positions = dict(starts)
-    consumers = 0
-    while time.monotonic() < deadline:
-        consumers += 1
-        consumer = new_consumer(bootstrap)
-        await consumer.start()
-        try:
-            tps = [TopicPartition(topic, p) for p in sorted(positions)]
-            consumer.assign(tps)
-            for tp in tps:
-                consumer.seek(tp, positions[tp.partition])
-            last = time.monotonic()
-            while time.monotonic() < deadline:
-                batch = await consumer.getmany(timeout_ms=200)
-                for tp, records in batch.items():
-                    for record in records:
-                        on_record(record)
-                    if records:
-                        positions[tp.partition] = records[-1].offset + 1
-                        last = time.monotonic()
-                if not batch:
-                    ends = await consumer.end_offsets(tps)
-                    if done() and all(positions[tp.partition] >= ends[tp] for tp in tps):
-                        return consumers
-                    if time.monotonic() - last >= idle_s:
-                        break  # a fresh consumer from where this one got
-        finally:
-            await consumer.stop()
-    return consumers
 
 
 class TopicTail:
