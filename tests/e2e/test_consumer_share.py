@@ -19,6 +19,7 @@ import pytest
 
 from dataplane_local.demo import DEMO_AGREEMENT, DEMO_CONSUMER
 from dataplane_testing.e2e import POD_SQL, System
+from dataplane_testing.metrics import sample
 from query_gateway.settings import Settings
 
 pytestmark = pytest.mark.e2e
@@ -102,3 +103,17 @@ async def test_qe10_one_consumer_flooding_slow_statements_leaves_the_pool_to_ano
         )
     finally:
         await asyncio.to_thread(system.stack.remove_instance, instance)
+
+
+async def test_qe06_the_slow_statement_is_refused_before_it_runs_by_the_calibrated_guard(
+    system: System,
+) -> None:
+    """The suite's replicas run the cost guard as the code sets it (calibrated at start-up): the
+    same five-way cross join is refused before it holds a connection, on both replicas."""
+    token = await system.edr_token(DEMO_AGREEMENT)
+    for gateway in system.gateways:
+        r, _ = await _timed(system, gateway, DEMO_AGREEMENT, token, SLOW_SQL)
+        assert r.status_code == 400 and r.json()["error"] == "query_too_expensive", r.text
+        assert "meter_readings" not in r.json()["detail"]
+        metrics = (await system.http.get(f"{gateway}/metrics")).text
+        assert sample(metrics, "query_gateway_plan_cost_per_ms") > 0
