@@ -94,6 +94,7 @@ TUNABLE_BY_ENV = {
     "database_command_timeout_ms",
     "dps_grant_timeout_ms",
     "db_pool_size",
+    "signaling_max_body_bytes",
     "db_acquire_timeout_seconds",
     "db_command_timeout_seconds",
     "outbox_relay_enabled",

@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from dataplane_contracts.dps import REFRESH_PATH
 from dataplane_service_kit.errors import ServiceError, install_error_handlers
 from dataplane_service_kit.health import ReadinessCheck, health_router
+from dataplane_service_kit.limits import BodyLimit
 from dataplane_service_kit.logs import get_logger
 from dataplane_service_kit.oauth import ClientCredentialsToken
 from dataplane_service_kit.openapi import distribution_version, openapi_document
@@ -306,6 +307,8 @@ def create_app(settings: Settings) -> FastAPI:
         app, security_schemes=SECURITY_SCHEMES if settings.dps_enabled else None
     )
     _install_audited_errors(app, metrics)
+    # innermost of ours: before FastAPI decodes a body, and inside the layers that time and id it
+    app.add_middleware(BodyLimit, max_bytes=settings.signaling_max_body_bytes)
     app.add_middleware(RecountFlowsOnScrape)
     app.add_middleware(RequestDurations, histogram=metrics.request_duration)
     app.add_middleware(RequestIds)  # the outermost of ours: every answer carries X-Request-ID

@@ -95,6 +95,9 @@ class Settings(HttpSettings, KafkaSettings, OidcSettings, DpsIdentitySettings):
     model_config = SettingsConfigDict(**BASE_CONFIG, validate_default=True)
 
     http_port: int = Field(default=8001, ge=1, le=65535)
+    # the most bytes of a request body; more is 413 body_too_large before the rest is read (a DPS
+    # message is a few kilobytes: a 60 MB body was read and parsed whole before this bound)
+    signaling_max_body_bytes: int = Field(default=1_048_576, ge=1024, le=64 * 1_048_576)
 
     database_url: str
     db_pool_size: int = Field(default=5, ge=1)
