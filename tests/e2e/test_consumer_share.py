@@ -29,6 +29,7 @@ FLOOD = 12
 # a five-way cross join of the demo dataset's consented rows (48 of them: 250 million rows to
 # count) — held until the statement timeout stops it
 SLOW_SQL = "SELECT count(*) AS n FROM " + ", ".join(f"meter_readings t{i}" for i in range(5))
+EIGHT_WAY_SQL = "SELECT count(*) AS n FROM " + ", ".join(f"meter_readings t{i}" for i in range(8))
 SHARE = Settings.model_fields["query_max_concurrent_per_consumer"].default
 TOTAL = Settings.model_fields["query_max_concurrent_per_consumer_total"].default
 
@@ -108,11 +109,13 @@ async def test_qe10_one_consumer_flooding_slow_statements_leaves_the_pool_to_ano
 async def test_qe06_the_slow_statement_is_refused_before_it_runs_by_the_calibrated_guard(
     system: System,
 ) -> None:
-    """The suite's replicas run the cost guard as the code sets it (calibrated at start-up): the
-    same five-way cross join is refused before it holds a connection, on both replicas."""
+    """The suite's replicas run the cost guard as the code sets it (calibrated at start-up): an
+    eight-way cross join of the demo dataset (its estimate ~10^11 cost units, where the five-way
+    one's ~4 million sits within a factor of a few of a fast host's limit) is refused before it
+    holds a connection, on both replicas."""
     token = await system.edr_token(DEMO_AGREEMENT)
     for gateway in system.gateways:
-        r, _ = await _timed(system, gateway, DEMO_AGREEMENT, token, SLOW_SQL)
+        r, _ = await _timed(system, gateway, DEMO_AGREEMENT, token, EIGHT_WAY_SQL)
         assert r.status_code == 400 and r.json()["error"] == "query_too_expensive", r.text
         assert "meter_readings" not in r.json()["detail"]
         metrics = (await system.http.get(f"{gateway}/metrics")).text
