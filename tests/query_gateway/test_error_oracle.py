@@ -251,6 +251,41 @@ async def test_the_statements_detect_an_unfenced_narrowing(
     assert leaks >= 6, f"only {leaks} statements leak without the barrier"
 
 
+# Issue 30: statements whose every qual is leakproof run without the barrier; each probes the
+# forbidden row with a comparison PostgreSQL may evaluate before the filter, and must not see it
+LEAKPROOF = {
+    "no qual": "SELECT t.pod, count(*) AS n FROM {d} t GROUP BY t.pod ORDER BY t.pod",
+    "the secret's equality": "SELECT t.id FROM {d} t WHERE t.secret = 'target' OR t.id = 7",
+    "an id range": "SELECT t.id FROM {d} t WHERE t.id > 3000 AND t.owner <> 'user-0'",
+    "a join on keys": "SELECT a.id FROM {d} a JOIN {d} b ON a.id = b.id WHERE b.secret IN ('target', 's7')",
+}
+
+
+@pytest.mark.parametrize("statement", LEAKPROOF)
+@pytest.mark.parametrize("dataset", TABLES)
+async def test_a_leakproof_statement_runs_unfenced_and_answers_the_same_with_and_without_a_forbidden_row(
+    gateways: tuple[httpx.AsyncClient, httpx.AsyncClient],
+    world: World,
+    ds: DsConnectorDouble,
+    dataset: str,
+    statement: str,
+) -> None:
+    a, b = gateways
+    ds.set_policy(verdicts(8))
+    sql = LEAKPROOF[statement].format(d=dataset)
+    user = {"Authorization": f"Bearer {world.user_token('user-7')}"}
+    edr = {"Authorization": f"Bearer {world.edr()}", "Edc-Contract-Agreement-Id": AGREEMENT}
+    r = await a.post("/query/plan", json={"sql": sql}, headers=user)  # the normal path's plan
+    assert r.status_code == 200, r.text
+    assert "AS _dp_rf WHERE" in r.json()["sql"]
+    assert "OFFSET 0" not in r.json()["sql"]
+    for headers in (user, edr):
+        status, items = await same_answers(a, b, "/query", sql, headers)
+        assert status == 200, items
+        assert items
+        assert all(row.get("id") != 99999 for row in items)
+
+
 async def test_exposure_answers_the_same_on_every_path_with_and_without_a_forbidden_row(
     gateways: tuple[httpx.AsyncClient, httpx.AsyncClient],
     databases: tuple[str, str],

@@ -112,6 +112,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             disclosures=DisclosurePublisher(producer, settings.audit_publish_timeout_ms, app.state.metrics),
             pull=pull,
             mask_key=checked.mask_key,
+            leakproof=checked.leakproof,
             limiter=RateLimiter(
                 redis,
                 settings.row_filters_cache_key_secret.get_secret_value().encode(),

@@ -10,6 +10,7 @@ in which order, and tells the access record what it learned."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -206,7 +207,8 @@ async def _planned(
 
 
 async def _narrow(gw: Gateway, q: ValidatedQuery, plans: Mapping[str, Sequence[Plan]]) -> NarrowedQuery:
-    narrowed = await _off_loop_if_long(q.text, narrow_query, q, gw.catalogue, plans, gw.columns, gw.mask_key)
+    narrow = functools.partial(narrow_query, leakproof=gw.leakproof)
+    narrowed = await _off_loop_if_long(q.text, narrow, q, gw.catalogue, plans, gw.columns, gw.mask_key)
     await _off_loop_if_long(q.text, check_narrowed, narrowed)  # QE-12: and has the last word
     return narrowed
 

@@ -37,6 +37,8 @@ class Gateway:
     disclosures: DisclosurePublisher
     pull: PullVerifier | None = None
     mask_key: MaskKey | None = None  # COLUMN_MASK_KEY, for the catalogue's `hash` column masks
+    # the database's leakproof comparison operators (sql/leakproof.py); empty: every narrowing fenced
+    leakproof: frozenset[tuple[str, str, str]] = frozenset()
     limiter: RateLimiter | None = None  # GS-14: the consumers' buckets (None: nothing limited)
     # QE-10: each consumer's statements running on this replica; kept across catalogue reloads
     slots: ConsumerSlots = field(default_factory=lambda: ConsumerSlots(0))

@@ -18,6 +18,7 @@ from query_gateway.records.startup import check_records
 from query_gateway.settings import Settings
 from query_gateway.sql import ColumnTypes, load_column_types
 from query_gateway.sql.exposure import MaskKey, hash_masks
+from query_gateway.sql.leakproof import LeakproofOperators, load_leakproof_operators
 
 
 class CatalogueRefused(ValueError):
@@ -31,6 +32,8 @@ class CheckedCatalogue:
     columns: ColumnTypes
     mask_key: MaskKey | None
     digest: str  # the first 12 hex digits of the file's SHA-256: which file is being served
+    # the database's leakproof comparison operators: which narrowings may go unfenced (leakproof.py)
+    leakproof: LeakproofOperators = frozenset()
 
 
 def unknown_handlers(catalogue: Catalogue, plugins: tuple[str, ...]) -> list[str]:
@@ -82,4 +85,5 @@ async def check_catalogue(settings: Settings, pool: asyncpg.Pool) -> CheckedCata
         await check_records(pool, catalogue, columns)  # docs/records.md, the declaration
     except ValueError as exc:  # CatalogueMismatch (GS-09) names dataset, filter and column
         raise CatalogueRefused(f"catalogue refused: {exc}") from None
-    return CheckedCatalogue(catalogue, columns, mask_key_for(settings, catalogue), digest)
+    leakproof = await load_leakproof_operators(pool)  # read with the columns: the same database
+    return CheckedCatalogue(catalogue, columns, mask_key_for(settings, catalogue), digest, leakproof)

@@ -60,6 +60,7 @@ class CatalogueReloader:
                 catalogue=checked.catalogue,
                 columns=checked.columns,
                 mask_key=checked.mask_key,
+                leakproof=checked.leakproof,
                 entries={},  # rebuilt from the new catalogue (Gateway.__post_init__)
             )
             self.digest = checked.digest

@@ -67,6 +67,10 @@ class NarrowedQuery:
     # each narrowing subquery the rewrite built: (the catalogue's `table`, the subquery's SELECT),
     # what PostgreSQL's reading of `sql` must find at every relation read (QE-12, pg_verify.py)
     fences: tuple[tuple[str, str], ...] = ()
+    # the touched tables' column types and the database's leakproof comparison operators: what
+    # PostgreSQL's reading of `sql` is judged by where a narrowing goes without its barrier
+    fence_types: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
+    leakproof: frozenset[tuple[str, str, str]] = frozenset()
 
     def __repr__(self) -> str:  # the params are personal data (RF-08)
         return f"NarrowedQuery(params=<{len(self.params)}>, denied={self.denied})"

@@ -31,6 +31,7 @@ from sqlglot import exp
 from dataplane_service_kit.bounded_cache import BoundedCache
 from dataplane_service_kit.errors import ServiceError
 from query_gateway.sql import rules
+from query_gateway.sql.leakproof import LeakproofOperators, quals_leakproof
 from query_gateway.sql.model import NarrowedQuery, ValidatedQuery
 from query_gateway.sql.pagination import page_and_count
 from query_gateway.sql.scope import fold, table_parts, walk_tables
@@ -202,6 +203,7 @@ class _Walk:
 
     def __init__(self, fences: frozenset[bytes] | None) -> None:
         self.fences = fences
+        self.unfenced = False  # a narrowing with a filtering predicate and no barrier was read
         self.relations: list[tuple[str, ...]] = []
         self.functions: list[str] = []
 
@@ -221,7 +223,9 @@ class _Walk:
             and self.fences is not None
             and canonical(fields.get("subquery")) in self.fences
         ):
-            return  # a narrowing subquery the rewrite built, whole: nothing in it is the caller's
+            # a narrowing subquery the rewrite built, whole: nothing in it is the caller's
+            self.unfenced = self.unfenced or not _barrier_or_true(fields["subquery"])
+            return
         self._fields(spec, fields, ctes)
         check = _CHECKS.get(kind)
         if check is not None:
@@ -459,7 +463,34 @@ def _fence(table: str, text: str) -> bytes:
     return canonical(select)
 
 
-_NarrowedKey = tuple[str, tuple[tuple[str, str], ...], str, int, bool]
+def _barrier_or_true(subquery: object) -> bool:
+    """The narrowing carries `OFFSET 0`, or its predicate is TRUE."""
+    fields = subquery.get("SelectStmt", {}) if isinstance(subquery, dict) else {}
+    offset = _without_locations(fields.get("limitOffset"))
+    where = _without_locations(fields.get("whereClause"))
+    return offset == {"A_Const": {"ival": {}}} or where == {"A_Const": {"boolval": {"boolval": True}}}
+
+
+Types = tuple[tuple[str, tuple[tuple[str, str], ...]], ...]
+
+
+def statement_leakproof(
+    sql: str, fences: Iterable[tuple[str, str]], types: Types, operators: LeakproofOperators
+) -> bool:
+    """Whether every caller qual of the narrowed `sql`, as PostgreSQL reads it, is leakproof
+    (leakproof.py): then its narrowings need no barrier. False when anything is in doubt."""
+    try:
+        return _leakproof(_only_select(sql), {_fence(t, text): t for t, text in fences}, types, operators)
+    except _Refused:
+        return False
+
+
+def _leakproof(stmt: Node, fences: Mapping[bytes, str], types: Types, operators: LeakproofOperators) -> bool:
+    columns = {table: dict(cols) for table, cols in types}
+    return quals_leakproof(stmt, lambda node: fences.get(canonical(node)), columns, operators)
+
+
+_NarrowedKey = tuple[str, tuple[tuple[str, str], ...], str, int, bool, Types, LeakproofOperators]
 _narrowed_cache: BoundedCache[_NarrowedKey, tuple[str]] = BoundedCache(1024)
 
 
@@ -468,12 +499,20 @@ def check_narrowed(narrowed: NarrowedQuery) -> None:
     rewrite's narrowing subqueries and visible CTEs, calls a function outside the allowlist, or
     holds a node of a kind not allowed. Cached by the statement and its narrowings (the
     rewrite's own output is cached per shape, so the same pair comes back)."""
-    key = (narrowed.sql, narrowed.fences, narrowed.order_by, len(narrowed.params), narrowed.denied)
+    key = (
+        narrowed.sql,
+        narrowed.fences,
+        narrowed.order_by,
+        len(narrowed.params),
+        narrowed.denied,
+        narrowed.fence_types,
+        narrowed.leakproof,
+    )
     with _cache_lock:
         hit = _narrowed_cache.get(key)
     if hit is None:
         try:
-            _verify(narrowed.sql, narrowed.fences)
+            _verify(narrowed.sql, narrowed.fences, narrowed.fence_types, narrowed.leakproof)
             _verify_pages(narrowed)
             hit = _OK
         except _Refused as why:
@@ -484,11 +523,22 @@ def check_narrowed(narrowed: NarrowedQuery) -> None:
         raise ServiceError("sql_refused", _NARROWED)
 
 
-def _verify(sql: str, fences: Iterable[tuple[str, str]]) -> None:
-    expected = frozenset(_fence(table, text) for table, text in fences)
-    if not expected:
+def _verify(
+    sql: str,
+    fences: Iterable[tuple[str, str]],
+    types: Types = (),
+    operators: LeakproofOperators = frozenset(),
+) -> None:
+    """A narrowing without its barrier passes only where PostgreSQL's own tree shows every qual
+    of the statement leakproof (leakproof.py), judged here again, not taken from the rewrite."""
+    tables = {_fence(table, text): table for table, text in fences}
+    if not tables:
         raise _Refused("no narrowing")
-    _Walk(expected).node(_only_select(sql), frozenset())
+    stmt = _only_select(sql)
+    walk = _Walk(frozenset(tables))
+    walk.node(stmt, frozenset())
+    if walk.unfenced and not _leakproof(stmt, tables, types, operators):
+        raise _Refused("a narrowing without its barrier under a qual that may leak")
 
 
 def _verify_pages(narrowed: NarrowedQuery) -> None:
@@ -516,10 +566,15 @@ def _hollow(text: str, inner: bytes | None) -> bytes:
     return canonical(select)
 
 
-def refusal_reason(sql: str, fences: Iterable[tuple[str, str]]) -> str | None:
+def refusal_reason(
+    sql: str,
+    fences: Iterable[tuple[str, str]],
+    types: Types = (),
+    operators: LeakproofOperators = frozenset(),
+) -> str | None:
     """Why `check_narrowed` refuses (a fixed reason), None when it does not: for tests."""
     try:
-        _verify(sql, fences)
+        _verify(sql, fences, types, operators)
     except _Refused as why:
         return str(why)
     return None

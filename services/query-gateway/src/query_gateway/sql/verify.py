@@ -1,8 +1,10 @@
 """The post-rewrite check: on a fresh parse of the rewritten text, every table read must be the
 inner table of a narrowing subquery carrying its dataset's predicate and select list (exactly its
 exposed columns and masks, or `*` when the dataset has no `columns:` list) and, unless that
-predicate is TRUE, the `OFFSET 0` barrier that keeps the caller's predicates from seeing a row the
-filter rejects; a deny must have FALSE in every SELECT; every bound parameter must sit in such a
+predicate is TRUE or the statement's every qual is leakproof (`unfenced`, judged on PostgreSQL's
+own tree: leakproof.py), the `OFFSET 0` barrier that keeps the caller's predicates from seeing a
+row the filter rejects; inside a barrier, at most the ORDER BY the rewrite carried there, of the
+fence's own plain columns; a deny must have FALSE in every SELECT; every bound parameter must sit in such a
 predicate or select list. Anything else is refused."""
 
 from __future__ import annotations
@@ -20,11 +22,21 @@ def _fail(why: str) -> ServiceError:
     return ServiceError("sql_refused", f"the narrowed statement failed verification: {why}")
 
 
+Expected = dict[tuple[str, ...], set[tuple[str, str]]]
+
+
 def verify_narrowed(
-    sql: str, expected: dict[tuple[str, ...], set[tuple[str, str]]], *, denied: bool, n_params: int
+    sql: str,
+    expected: Expected,
+    *,
+    denied: bool,
+    n_params: int,
+    unfenced: bool = False,
+    orders: frozenset[tuple[tuple[str, ...], str]] = frozenset(),
 ) -> None:
     """`expected`: physical table → the (predicate, select list) pairs of its datasets, as a fresh
-    parse renders them; a read must carry one pair whole."""
+    parse renders them; a read must carry one pair whole. `unfenced`: the statement needs no
+    barrier; `orders`: (physical table, ORDER BY) a fence of that table may carry."""
     try:
         tree = sqlglot.parse_one(sql, read=DIALECT)
     except Exception:
@@ -51,17 +63,22 @@ def verify_narrowed(
         extra = [
             k
             for k, v in select.args.items()
-            if v and k not in ("expressions", "from_", "from", "where", "offset")
+            if v and k not in ("expressions", "from_", "from", "where", "offset", "order")
         ]
         fenced = _is_barrier(select.args.get("offset"))
         if (
             extra
             or (select.args.get("offset") is not None and not fenced)
-            or (not fenced and not (isinstance(where, exp.Where) and is_true(where.this)))
             or not isinstance(where, exp.Where)
+            or (not fenced and not unfenced and not is_true(where.this))
             or not isinstance(select.parent, exp.Subquery)
         ):
             raise _fail("a table read does not carry its predicate")
+        order = select.args.get("order")
+        if order is not None and (
+            not fenced or not _plain_order(order, select) or (key, order_list(select)) not in orders
+        ):
+            raise _fail("a narrowing carries an order the rewrite did not put there")
         if (where.this.sql(dialect=DIALECT), select_list(select)) not in expected[key]:
             raise _fail("a table read does not carry its predicate and exposed columns")
         guarded.append(where)
@@ -85,6 +102,27 @@ def verify_narrowed(
 def select_list(select: exp.Expr) -> str:
     """A SELECT's list as the verifier compares it with a fence's expected columns."""
     return ", ".join(p.sql(dialect=DIALECT) for p in select.expressions)
+
+
+def order_list(select: exp.Expr | str) -> str:
+    """A narrowing's ORDER BY as the verifier compares it ('' for none); a text is parsed first."""
+    if isinstance(select, str):
+        select = sqlglot.parse_one(select, read=DIALECT)
+    order = select.args.get("order")
+    return order.sql(dialect=DIALECT) if isinstance(order, exp.Order) else ""
+
+
+def _plain_order(order: exp.Expr, select: exp.Select) -> bool:
+    """Every key a column of the fence's table the select list passes through as it is."""
+    listed = {p.sql(dialect=DIALECT) for p in select.expressions if isinstance(p, exp.Column)}
+    star = any(isinstance(p, exp.Star) for p in select.expressions)
+    for item in order.expressions if isinstance(order, exp.Order) else [None]:
+        column = item.this if isinstance(item, exp.Ordered) else None
+        if not isinstance(column, exp.Column) or column.table != RF_ALIAS:
+            return False
+        if not star and column.sql(dialect=DIALECT) not in listed:
+            return False
+    return True
 
 
 def _ancestors(node: exp.Expr) -> list[exp.Expr]:
