@@ -83,7 +83,7 @@ def _header(quick: bool, took: float, load: str, loadgen: str, seconds: float, m
     )
 
 
-SECTIONS = ("idle", "edr", "normal", "lookup", "revocation", "audit")
+SECTIONS = ("idle", "edr", "fence", "normal", "lookup", "revocation", "audit")
 
 
 async def main_async(
@@ -104,6 +104,8 @@ async def main_async(
             await sections.idle_stack(bench, report, sizes)
         if "edr" in only:
             await sections.edr_and_pull(bench, report, sizes, h)
+        if "fence" in only:
+            await sections.fence_rule(bench, report, sizes, h)
         if "normal" in only:
             await sections.normal_path(bench, report, sizes, h)
         if "lookup" in only:

@@ -38,6 +38,7 @@ from dataplane_local.demo import (
 from dataplane_local.doubles.ds_connector import DsConnectorDouble
 from dataplane_local.procs import record_alive
 from query_gateway.sql import load_column_types, narrow_query, validate_query
+from query_gateway.sql.leakproof import load_leakproof_operators
 from query_gateway.sql.pagination import page_and_count
 
 EDR_SQL = f"SELECT pod, count(*) AS readings, avg(value) AS mean FROM {TABLE} GROUP BY pod ORDER BY pod"
@@ -64,27 +65,37 @@ def _expect(r: httpx.Response, status: int = 200) -> httpx.Response:
     return r
 
 
-async def _floor(bench: Bench, plans: Mapping[str, Sequence[Plan]], sql: str) -> tuple[str, tuple[Any, ...]]:
+async def _floor(
+    bench: Bench, plans: Mapping[str, Sequence[Plan]], sql: str, *, rule: bool = True
+) -> tuple[str, tuple[Any, ...]]:
     """The statement the gateway runs for `sql` under these plans: the gateway's own narrowing and
-    page query (query_gateway.sql), so the floor executes exactly the same narrowed SQL."""
+    page query (query_gateway.sql), with the database's leakproof operators as the gateway reads
+    them, so the floor executes exactly the same narrowed SQL. `rule` False: every filtered
+    narrowing fenced (the gateway before issue 30), its order carried where the rule carries it."""
     catalogue = load_catalogue(bench.stack.env_overrides["CATALOGUE_PATH"])
     pool = await asyncpg.create_pool(bench.datasets_url, min_size=1, max_size=1)
     try:
         columns = await load_column_types(pool, catalogue)
+        operators = await load_leakproof_operators(pool) if rule else frozenset()
     finally:
         await pool.close()
-    narrowed = narrow_query(validate_query(sql, catalogue), catalogue, plans, columns)
+    narrowed = narrow_query(validate_query(sql, catalogue), catalogue, plans, columns, leakproof=operators)
     page_sql, _ = page_and_count(narrowed.sql, len(narrowed.params), narrowed.denied)
     return page_sql, (*narrowed.params, PAGE, 0)
 
 
+_KEY = r'_dp_rf\."[^"]+"(?: DESC)?(?: NULLS (?:FIRST|LAST))?'
+_BARRIER = re.compile(rf"(?: ORDER BY {_KEY}(?:, {_KEY})*)? OFFSET 0\)")
+
+
 def without_barrier(page_sql: str) -> str:
-    """The same page statement with each narrowing's `OFFSET 0` barrier taken out: the shape the
-    gateway ran before issue 19, measured beside it so the table shows what the barrier costs.
-    Never served; the page's own `OFFSET $n` stays."""
-    unfenced = page_sql.replace(" OFFSET 0)", ")")
-    if unfenced == page_sql:
-        raise UnexpectedAnswer("the narrowed statement carries no barrier")
+    """The same page statement with each narrowing's `OFFSET 0` barrier (and the order carried
+    inside it) taken out: the unfenced floor, the database's pace for the caller's statement over
+    the filtered rows. Served only where the rule finds nothing that can leak; the page's own
+    `OFFSET $n` stays."""
+    unfenced = _BARRIER.sub(")", page_sql)
+    if "OFFSET 0)" in unfenced:
+        raise UnexpectedAnswer("a barrier of an unknown form is left in the narrowed statement")
     return unfenced
 
 
@@ -234,6 +245,73 @@ async def edr_and_pull(bench: Bench, report: Report, sizes: Sizes, h: Harness) -
             not h.undelivered,
             f"not all delivered after: {', '.join(h.undelivered)}" if h.undelivered else "after each run",
         )
+    finally:
+        await pool.close()
+
+
+# issue 30: what the barrier's rule keeps, statement by statement, at the database's pace
+_EDR_GROUP = "count(*) AS readings, avg({v}value) AS mean"
+FENCE_STATEMENTS = {
+    "EDR: group by pod, no qual": EDR_SQL,
+    "user rows by time, no qual": USER_SQL,
+    "a leakproof WHERE (ts >= '…')": f"SELECT pod, {_EDR_GROUP.format(v='')} FROM {TABLE} "
+    "WHERE ts >= '2026-01-01 12:00:00+00' GROUP BY pod ORDER BY pod",
+    "a join on keys": f"SELECT r.pod, {_EDR_GROUP.format(v='s.')} FROM {TABLE} r JOIN {TABLE} s "
+    "ON s.pod = r.pod AND s.ts = r.ts GROUP BY r.pod ORDER BY r.pod",
+    "a WHERE that may leak (value * 2)": f"SELECT pod, {_EDR_GROUP.format(v='')} FROM {TABLE} "
+    "WHERE value * 2 >= 0 GROUP BY pod ORDER BY pod",
+    "a join with a WHERE that may leak": f"SELECT r.pod, {_EDR_GROUP.format(v='s.')} FROM {TABLE} r "
+    f"JOIN {TABLE} s ON s.pod = r.pod AND s.ts = r.ts WHERE r.value * 2 >= 0 GROUP BY r.pod ORDER BY r.pod",
+}
+
+
+def _comparable(rows: Sequence[Any]) -> list[tuple[Any, ...]]:
+    """Rows as a sorted list, floats to 9 digits: a sum's last bits follow the plan's row order."""
+    out = [tuple(round(v, 9) if isinstance(v, float) else v for v in r.values()) for r in rows]
+    return sorted(out, key=repr)
+
+
+def _fence_kind(page_sql: str) -> str:
+    if "OFFSET 0)" not in page_sql:
+        return "unfenced"
+    return "fenced, order carried" if "ORDER BY _dp_rf" in page_sql else "fenced"
+
+
+async def fence_rule(bench: Bench, report: Report, sizes: Sizes, h: Harness) -> None:
+    """(1f) each statement's floor as the gateway narrows it, beside the same statement with every
+    barrier (the gateway before issue 30) and with none (the unfenced floor), at c=32. The rows
+    of the three are compared first: the rule changes the plan, never the answer."""
+    edr_plans = {TABLE: [Plan.among("pod", bench_pods(), key_type="pod"), Plan.allow_all()]}
+    user_plans = {TABLE: [Plan.among("owner", [owner(42)], label="user ids"), Plan.allow_all()]}
+    pool = await asyncpg.create_pool(bench.datasets_url, min_size=10, max_size=10)
+    s = "1f the barrier's rule: database floors, c=32"
+    try:
+        for name, sql in FENCE_STATEMENTS.items():
+            plans = user_plans if sql == USER_SQL else edr_plans
+            ruled, params = await _floor(bench, plans, sql)
+            every, _ = await _floor(bench, plans, sql, rule=False)
+            variants = {
+                "as the gateway narrows it": ruled,
+                "every barrier": every,
+                "no barrier": without_barrier(every),
+            }
+            answers = [_comparable(await pool.fetch(v, *params)) for v in variants.values()]
+            report.check(
+                f"{name}: the three narrowings answer the same rows",
+                answers[0] == answers[1] == answers[2] and len(answers[0]) > 0,
+                f"{len(answers[0])} rows; the rule: {_fence_kind(ruled)}",
+            )
+            runs: dict[str, Run] = {}
+            for label, text in variants.items():
+
+                async def call(text: str = text, params: tuple[Any, ...] = params) -> None:
+                    await pool.fetch(text, *params)
+
+                runs[label] = await h.floor(call, 32, f"{name} — {label}")
+                h.add_run(s, runs[label])
+            report.add(s, f"{name}: the rule", _fence_kind(ruled), "")
+            h.ratio(s, runs["as the gateway narrows it"], runs["no barrier"])
+            h.ratio(s, runs["every barrier"], runs["no barrier"])
     finally:
         await pool.close()
 
