@@ -7,6 +7,7 @@ and each refusal readable."""
 from __future__ import annotations
 
 import importlib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -302,6 +303,42 @@ def test_ingresses_with_tls_route_the_public_and_signalling_paths(fit: list[Obj]
             "dataplane-signaling",
         ),
     }
+
+
+def test_issue33_the_query_ingress_routes_query_and_plan_to_the_gateway_without_dps() -> None:
+    """The normal and EDR paths behind an Ingress of their own, with TLS, whether DPS is on or not."""
+    query = {
+        "enabled": True,
+        "host": "query.example.org",
+        "tls": {"secretName": "q-tls"},
+        "className": "nginx",
+    }
+    for dps in (False, True):
+        objs = render(dps={"enabled": dps}, ingress={"query": query})
+        (ing,) = [o for o in objs if o["kind"] == "Ingress"]
+        assert ing["metadata"]["name"] == "dataplane-query"
+        (rule,) = ing["spec"]["rules"]
+        assert ing["spec"]["tls"] == [{"hosts": ["query.example.org"], "secretName": "q-tls"}]
+        (path,) = rule["http"]["paths"]
+        assert (path["path"], path["pathType"]) == ("/query", "Prefix")  # /query and /query/plan
+        service = next(
+            o for o in objs if o["kind"] == "Service" and o["metadata"]["name"] == "dataplane-query-gateway"
+        )
+        backend = path["backend"]["service"]
+        assert backend["name"] == service["metadata"]["name"]
+        assert backend["port"]["name"] in {p["name"] for p in service["spec"]["ports"]}
+    with pytest.raises(chart.ChartError, match="/ingress/query"):  # TLS is not optional
+        render(ingress={"query": {"enabled": True, "host": "q.example.org"}})
+
+
+def test_issue33_the_chart_admits_no_kubernetes_below_1_30() -> None:
+    """The preStop `sleep` action is off by default on 1.29, where the API server would refuse
+    the pods: helm checks Chart.yaml's kubeVersion against the cluster before installing."""
+    meta = yaml.safe_load((Path(chart.CHART_DIR) / "Chart.yaml").read_text())
+    match = re.fullmatch(r">=(\d+)\.(\d+)\.(\d+)-0", meta["kubeVersion"].strip())
+    assert match is not None, meta["kubeVersion"]
+    floor = tuple(int(g) for g in match.groups())
+    assert (1, 29, 99) < floor <= (1, 30, 0)
 
 
 def test_ingress_refusals() -> None:
