@@ -4,8 +4,10 @@ headers and body. Shared by the gateway's and signaling's tests."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+import httpx
 import schemathesis
 
 # schemathesis imports its OpenAPI loader lazily, on the first `from_url`; pytest rewrites that
@@ -91,3 +93,15 @@ def call_checked(op: Any, **request: Any) -> Any:
     """One request only a test can make valid (a real token, a known dataset), its answer
     checked the same way; the response, for the test's own assertions."""
     return op.Case(**request).call_and_validate(checks=CHECKS)
+
+
+def docs_served_from_the_package(url: str) -> None:
+    """`GET /docs` is the viewer, and every script and style it loads is the service's own (issue
+    33: no CDN, so it works on a cluster without internet access)."""
+    docs = httpx.get(f"{url}/docs")
+    assert docs.status_code == 200 and "/openapi.json" in docs.text
+    assets = re.findall(r'(?:src|href)="([^"]+)"', docs.text)
+    assert assets and all(a.startswith("/docs/assets/") for a in assets), assets
+    for asset in assets:
+        got = httpx.get(f"{url}{asset}")
+        assert got.status_code == 200 and len(got.content) > 100, asset

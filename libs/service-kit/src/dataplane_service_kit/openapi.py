@@ -102,6 +102,8 @@ def openapi_document(
                 summary=app.summary,
                 description=app.description,
                 routes=app.routes,
+                # relative: the service where the document is read, behind whatever host serves it
+                servers=[{"url": "/", "description": "this service, where the document is served"}],
             )
             _without_framework_422(built)
             components = built.setdefault("components", {})

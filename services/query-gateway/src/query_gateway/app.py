@@ -17,6 +17,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dataplane_contracts.catalogue import Catalogue
+from dataplane_service_kit.docs_ui import serve_docs
 from dataplane_service_kit.errors import install_error_handlers
 from dataplane_service_kit.health import ReadinessCheck, health_router
 from dataplane_service_kit.limits import BodyLimit
@@ -25,6 +26,7 @@ from dataplane_service_kit.openapi import distribution_version, openapi_document
 from dataplane_service_kit.readiness import DEFAULT_PROBE_TIMEOUT_S, CachedProbe
 from dataplane_service_kit.request_durations import RequestDurations
 from dataplane_service_kit.telemetry import FASTAPI_TELEMETRY, ServerSpans
+from query_gateway import openapi as api
 from query_gateway.catalogue.load import CatalogueRefused, check_catalogue, parse_catalogue
 from query_gateway.catalogue.reload import watch_catalogue
 from query_gateway.clients.concurrency import ConsumerSlots, SharedShare
@@ -280,11 +282,14 @@ def create_app(settings: Settings) -> FastAPI:
         # served by FastAPI behind the plain door (which passes every other route on): the
         # document describes the query routes as both doors answer them (query_gateway.openapi)
         openapi_url="/openapi.json",
-        docs_url="/docs",
+        docs_url=None,  # served from the package (dataplane_service_kit.docs_ui), not a CDN
         redoc_url=None,
         telemetry=FASTAPI_TELEMETRY,
     )
-    app.openapi = openapi_document(app, exact=(QueryBody,))  # type: ignore[method-assign]
+    app.openapi = openapi_document(  # type: ignore[method-assign]
+        app, exact=(QueryBody,), security_schemes=api.SECURITY_SCHEMES
+    )
+    serve_docs(app)
     app.state.settings = settings
     # this app's metrics (served by its /metrics); nothing of ours is in the global registry
     metrics = app.state.metrics = Metrics()

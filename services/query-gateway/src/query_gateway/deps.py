@@ -119,15 +119,16 @@ async def caller_of(gw: Gateway, authorization: str | None, ctx: AccessContext) 
     return caller
 
 
-def _header(description: str) -> Any:
-    return Header(description=description)
+def _header(description: str, *, listed: bool = True) -> Any:
+    return Header(description=description, include_in_schema=listed)
 
 
-AuthorizationHeader = Annotated[str | None, _header(api.AUTHORIZATION)]
+# the bearer is documented as each route's `security` (query_gateway.openapi), not a parameter
+AuthorizationHeader = Annotated[str | None, _header(api.AUTHORIZATION, listed=False)]
 AgreementHeader = Annotated[str | None, _header(api.AGREEMENT)]
 TransferHeader = Annotated[str | None, _header(api.TRANSFER)]
 PurposeHeader = Annotated[str | None, _header(api.PURPOSE)]
-PullAuthorizationHeader = Annotated[str | None, _header(api.PULL_AUTHORIZATION)]
+PullAuthorizationHeader = Annotated[str | None, _header(api.PULL_AUTHORIZATION, listed=False)]
 
 
 async def pull_grant(

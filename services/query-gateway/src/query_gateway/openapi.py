@@ -114,6 +114,34 @@ TRANSFER = "the transfer process, passed to ds with the authorize question (data
 PURPOSE = "comma-separated purposes, passed to ds with the authorize question (dataspace paths)"
 PULL_AUTHORIZATION = "`Bearer <pull token>`: the token of the data address signaling issued (DPS-06)"
 
+# The bearer of each door, as OpenAPI carries it: an `Authorization` header *parameter* is ignored
+# by the specification, so viewers and generated clients would send no token (the routes read the
+# header themselves and keep it out of their parameters)
+SECURITY_SCHEMES = {
+    "oidcBearer": {
+        "type": "http",
+        "scheme": "bearer",
+        "bearerFormat": "JWT",
+        "description": "an OIDC access token of the configured issuer (normal path; optional for "
+        "a dataset open to anonymous readers)",
+    },
+    "edrToken": {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "the EDR token, with `Edc-Contract-Agreement-Id`, on a gateway with "
+        "`EDR_ENABLED` (the legacy EDR path)",
+    },
+    "pullToken": {
+        "type": "http",
+        "scheme": "bearer",
+        "bearerFormat": "JWT",
+        "description": "the pull token of the data address signaling issued (DPS-06)",
+    },
+}
+QUERY_SECURITY: list[dict[str, list[str]]] = [{"oidcBearer": []}, {"edrToken": []}, {}]
+PLAN_SECURITY: list[dict[str, list[str]]] = [{"oidcBearer": []}, {}]
+PULL_SECURITY: list[dict[str, list[str]]] = [{"pullToken": []}]
+
 # refusals every query route shares: the body, the statement, the row filters
 _BODY = ("invalid_body", "body_too_large", "invalid_request")
 _STATEMENT = (
@@ -337,16 +365,20 @@ __all__ = [
     "AUTHORIZATION",
     "PLAN_DESCRIPTION",
     "PLAN_RESPONSES",
+    "PLAN_SECURITY",
     "PROTECTED_RESOURCE_DESCRIPTION",
     "PULL_AUTHORIZATION",
     "PULL_DESCRIPTION",
     "PULL_RESPONSES",
+    "PULL_SECURITY",
     "PURPOSE",
     "QUERY_DESCRIPTION",
     "QUERY_RESPONSES",
+    "QUERY_SECURITY",
     "RECORDS_DESCRIPTION",
     "RECORDS_QUERY",
     "RECORDS_RESPONSES",
+    "SECURITY_SCHEMES",
     "STREAM_DESCRIPTION",
     "STREAM_RESPONSES",
     "TRACE_HEADERS",

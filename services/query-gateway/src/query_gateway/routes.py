@@ -290,6 +290,10 @@ def _request_headers(request: Request) -> dict[str, str]:
 _TRACE = {"parameters": api.TRACE_HEADERS}
 
 
+def _secured(security: list[dict[str, list[str]]]) -> dict[str, object]:
+    return {**_TRACE, "security": security}
+
+
 def query_router() -> APIRouter:
     """The same routes for what `QueryRoutes` passes on; the header parameters are declared so
     that FastAPI validates and documents them as before. Their OpenAPI (`query_gateway.openapi`)
@@ -301,7 +305,7 @@ def query_router() -> APIRouter:
         summary="Query the datasets (normal or legacy EDR path)",
         description=api.QUERY_DESCRIPTION,
         responses=api.QUERY_RESPONSES,
-        openapi_extra=_TRACE,
+        openapi_extra=_secured(api.QUERY_SECURITY),
     )
     async def query(
         request: Request,
@@ -319,7 +323,7 @@ def query_router() -> APIRouter:
         summary="The narrowed statement of a normal-path query, not executed",
         description=api.PLAN_DESCRIPTION,
         responses=api.PLAN_RESPONSES,
-        openapi_extra=_TRACE,
+        openapi_extra=_secured(api.PLAN_SECURITY),
     )
     async def query_plan(
         request: Request, body: QueryBody, authorization: AuthorizationHeader = None
@@ -337,7 +341,7 @@ def dps_router() -> APIRouter:
         summary="Query over a DPS pull token",
         description=api.PULL_DESCRIPTION,
         responses=api.PULL_RESPONSES,
-        openapi_extra=_TRACE,
+        openapi_extra=_secured(api.PULL_SECURITY),
     )
     async def pull_query(
         request: Request,

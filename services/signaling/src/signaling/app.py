@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dataplane_contracts.dps import REFRESH_PATH
+from dataplane_service_kit.docs_ui import serve_docs
 from dataplane_service_kit.errors import ServiceError, install_error_handlers
 from dataplane_service_kit.health import ReadinessCheck, health_router
 from dataplane_service_kit.limits import BodyLimit
@@ -299,13 +300,14 @@ def create_app(settings: Settings) -> FastAPI:
         version=distribution_version("dataplane-signaling"),
         lifespan=_lifespan(settings, metrics),
         openapi_url="/openapi.json",
-        docs_url="/docs",
+        docs_url=None,  # served from the package (dataplane_service_kit.docs_ui), not a CDN
         redoc_url=None,
         telemetry=FASTAPI_TELEMETRY,
     )
     app.openapi = openapi_document(  # type: ignore[method-assign]
         app, security_schemes=SECURITY_SCHEMES if settings.dps_enabled else None
     )
+    serve_docs(app)
     _install_audited_errors(app, metrics)
     # innermost of ours: before FastAPI decodes a body, and inside the layers that time and id it
     app.add_middleware(BodyLimit, max_bytes=settings.signaling_max_body_bytes)

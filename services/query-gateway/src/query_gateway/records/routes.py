@@ -68,6 +68,7 @@ def records_router() -> APIRouter:
         summary="The stream's metadata: the flow's frozen client range filters",
         description=api.STREAM_DESCRIPTION,
         responses=api.STREAM_RESPONSES,
+        openapi_extra={"security": api.PULL_SECURITY},
     )
     async def stream(
         request: Request,
@@ -89,7 +90,7 @@ def records_router() -> APIRouter:
         summary="A page of the flow's dataset, filtered by the flow's frozen client range filters",
         description=api.RECORDS_DESCRIPTION,
         responses=api.RECORDS_RESPONSES,
-        openapi_extra={"parameters": api.RECORDS_QUERY},
+        openapi_extra={"parameters": api.RECORDS_QUERY, "security": api.PULL_SECURITY},
     )
     async def records(
         request: Request,
