@@ -50,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     restart.add_argument("name", help="e.g. query-gateway, query-gateway-2, signaling, ds-connector")
     restart.add_argument("--ready-timeout", type=float, default=120.0, help="seconds to wait until ready")
+    reload = sub.add_parser(
+        "reload", help="a gateway re-reads its catalogue (SIGHUP) and says whether it took the file"
+    )
+    reload.add_argument("name", help="query-gateway or query-gateway-2")
     sub.add_parser("status", help="show each process; exit 1 when one is dead")
     sub.add_parser("demo", help="tell the dataspace story against the running stack, request by request")
     traces = sub.add_parser("traces", help="draw the last requests as a waterfall across the services")
@@ -74,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         return stack.down()
     if args.command == "restart":
         return stack.restart(args.name, args.ready_timeout)
+    if args.command == "reload":
+        from dataplane_local.reload import reload_gateway
+
+        return reload_gateway(stack.pidfile, args.name, stack.log)
     return stack.status()
 
 
