@@ -1,9 +1,10 @@
-"""`dataplane-local up | down | status | restart NAME | demo | traces`: the one-command local system
-(no Docker)."""
+"""`dataplane-local up | down | status | restart NAME | reload NAME | demo | traces`: the
+one-command local system (no Docker)."""
 
 from __future__ import annotations
 
 import argparse
+import warnings
 from pathlib import Path
 
 from dataplane_local.stack import Stack, missing_services
@@ -22,6 +23,9 @@ def _demo(root: Path | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # the embedded servers' packages ask platformdirs for a runtime directory, which warns where
+    # XDG_RUNTIME_DIR is unset (a container, CI) and falls back to /tmp: said on every `up`, to no use
+    warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
     parser = argparse.ArgumentParser(
         prog="dataplane-local",
         description="Run the data plane locally: infrastructure, development doubles, the four services.",

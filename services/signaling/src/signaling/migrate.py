@@ -6,6 +6,7 @@ the database is not at head (`check_at_head`)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -20,6 +21,9 @@ from dataplane_contracts.dps import DEFAULT_PULL_GRANT_ROLE
 from signaling.settings import async_database_url
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+# alembic announces each of its plugins at INFO when the head is looked up, on every start: noise
+# in the service's log; its warnings and errors still show
+logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
 def alembic_config(database_url: str, pull_grant_role: str = DEFAULT_PULL_GRANT_ROLE) -> Config:
