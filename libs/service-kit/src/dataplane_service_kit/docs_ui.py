@@ -10,11 +10,11 @@ from fastapi.staticfiles import StaticFiles
 from swagger_ui_bundle import swagger_ui_path
 
 DOCS = "/docs"
-ASSETS = "/docs/assets"
+ASSETS = "/openapi-viewer"  # the viewer's script, style and icon
 
 
 def serve_docs(app: FastAPI, openapi_url: str = "/openapi.json") -> None:
-    """`GET /docs`, the viewer, its script and style from `/docs/assets` (the app's
+    """`GET /docs`, the viewer, its script and style from `ASSETS` (the app's
     `docs_url` must be None, or FastAPI adds its CDN page first)."""
     app.mount(ASSETS, StaticFiles(directory=str(swagger_ui_path)), name="docs-assets")
 

@@ -1,4 +1,4 @@
-"""Which narrowings need the barrier (docs/gateway.md, "Fenced only where a caller qual can leak").
+"""Which narrowings need the barrier (docs/row-filters.md, "Fenced only where a caller qual can leak").
 
 The `OFFSET 0` barrier exists for one reason: a caller predicate PostgreSQL evaluates on a row
 *before* the row filter rejects it can turn an error into an answer about that row. PostgreSQL's
