@@ -257,7 +257,7 @@ LEAKPROOF = {
     "no qual": "SELECT t.pod, count(*) AS n FROM {d} t GROUP BY t.pod ORDER BY t.pod",
     "the secret's equality": "SELECT t.id FROM {d} t WHERE t.secret = 'target' OR t.id = 7",
     "an id range": "SELECT t.id FROM {d} t WHERE t.id > 3000 AND t.owner <> 'user-0'",
-    "a join on keys": "SELECT a.id FROM {d} a JOIN {d} b ON a.id = b.id WHERE b.secret IN ('target', 's7')",
+    "in, is null, not": "SELECT t.id FROM {d} t WHERE t.secret IN ('target', 's7', 's307') AND t.owner IS NOT NULL AND NOT (t.pod = 'pod-x')",
 }
 
 

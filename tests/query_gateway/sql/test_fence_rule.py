@@ -25,7 +25,6 @@ UNFENCED = {
     "integer range": "SELECT id FROM readings WHERE value > 3 AND value <= 20",
     "between and in": "SELECT id FROM readings WHERE value BETWEEN 1 AND 9 AND pod IN ('pod-1', 'pod-3')",
     "not, or, is null": "SELECT id FROM readings WHERE NOT (pod <> 'pod-1') OR org IS NULL",
-    "a join on equal keys": "SELECT r.id, m.kind FROM readings r JOIN grid.meters m ON m.pod = r.pod WHERE m.kind = 'k1'",
     "a derived table without qual": "SELECT s.pod FROM (SELECT pod FROM readings) s",
 }
 # some qual is not leakproof, or not typed exactly: every filtered narrowing keeps its barrier
@@ -40,6 +39,9 @@ FENCED = {
     "a qual above a derived table": "SELECT s.pod FROM (SELECT pod FROM readings) s WHERE s.pod = 'pod-1'",
     "a qual in a CTE's reader": "WITH c AS (SELECT * FROM readings) SELECT id FROM c WHERE c.value = 3",
     "a join on arithmetic": "SELECT r.id FROM readings r JOIN grid.meters m ON m.pod = r.pod AND r.value / 1 = 3",
+    # leakproof, but two table reads: each side keeps its barrier and is planned alone
+    "a join on equal keys": "SELECT r.id, m.kind FROM readings r JOIN grid.meters m ON m.pod = r.pod WHERE m.kind = 'k1'",
+    "a scalar subquery beside": "SELECT r.id, (SELECT count(*) FROM grid.meters) AS n FROM readings r WHERE r.pod = 'pod-1'",
 }
 PLANS = pods("pod-1", "pod-3")
 
