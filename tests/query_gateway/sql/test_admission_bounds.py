@@ -130,6 +130,63 @@ async def test_qe06_the_calibrated_guard_refuses_what_cannot_finish_inside_the_t
     assert fixed.max_plan_cost == 1000  # a lower fixed ceiling stays the ceiling
 
 
+async def test_qe06_an_estimate_is_asked_once_per_statement_and_bound_values(db: Db) -> None:
+    """A consumer repeating one statement pays one EXPLAIN, not one per request; other bound
+    values are another statement to the planner and are estimated again; a reload forgets all."""
+    sent: list[str] = []
+
+    async def watched(conn: asyncpg.Connection) -> None:
+        conn.add_query_logger(lambda record: sent.append(record.query))
+
+    pool = await asyncpg.create_pool(db.url, min_size=1, max_size=1, init=watched)
+    try:
+        guarded = QueryExecutor(pool, 5000, session_defaults=True, max_plan_cost=1_000_000)
+
+        def explains() -> int:
+            return sum(1 for q in sent if q.startswith("EXPLAIN"))
+
+        statement = "SELECT x FROM generate_series(1, $1::int) AS g(x)"
+        for _ in range(3):
+            page = await guarded.run(_raw(statement, 10), offset=0, limit=5, skip_count=True)
+            assert page.count == 5
+        assert explains() == 1
+        await guarded.run(_raw(statement, 20), offset=0, limit=5, skip_count=True)
+        assert explains() == 2
+        guarded.forget_estimates()
+        await guarded.run(_raw(statement, 10), offset=0, limit=5, skip_count=True)
+        assert explains() == 3
+        # what is kept is the estimate, not the verdict: a lower limit refuses the kept one at once
+        lowered = QueryExecutor(pool, 5000, session_defaults=True, max_plan_cost=1_000_000)
+        window = _raw(
+            "SELECT rank() OVER (ORDER BY a.x, b.y) AS r FROM generate_series(1, $1::int) a(x),"
+            " generate_series(1, 1000) b(y) LIMIT 1",
+            1000,
+        )
+        await lowered.run(window, offset=0, limit=1, skip_count=True)
+        lowered._max_cost = 1.0
+        with pytest.raises(ServiceError) as err:
+            await lowered.run(window, offset=0, limit=1, skip_count=True)
+        assert err.value.code == "query_too_expensive"
+    finally:
+        await pool.close()
+
+
+def test_qe06_the_estimate_key_holds_no_bound_value() -> None:
+    from query_gateway.sql.estimates import EstimateCache, estimate_key
+
+    key = estimate_key("SELECT $1", ["did:web:alice.example"])
+    assert b"alice" not in key and len(key) == 20
+    assert key != estimate_key("SELECT $1", ["did:web:bob.example"])
+    assert estimate_key("SELECT $1", ["1"]) != estimate_key("SELECT $1", [1])
+    cache = EstimateCache(ttl_s=0.0)
+    cache.put(key, 5.0)
+    assert cache.get(key) is None  # expired at once: asked again
+    bounded = EstimateCache(max_entries=2)
+    for i in range(3):
+        bounded.put(estimate_key("SELECT $1", [i]), float(i))
+    assert len(bounded) == 2 and bounded.get(estimate_key("SELECT $1", [0])) is None
+
+
 async def test_qe10_a_consumer_past_its_share_is_refused_and_others_are_not() -> None:
     slots = ConsumerSlots(2)
     release = asyncio.Event()

@@ -98,6 +98,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                 settings.dps_token_public_key, flows_pool, timeout_s=settings.dps_grant_timeout_s
             )
         executor = await _executor(settings, pool, app.state.metrics)
+        slots = _consumer_slots(settings, redis, executor.bound_s, app.state.metrics, stack)
         gw = Gateway(
             settings=settings,
             catalogue=catalogue,
@@ -110,7 +111,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             connector=ConnectorClient(
                 http, settings, service_tokens(http, settings), metrics=app.state.metrics
             ),
-            slots=_consumer_slots(settings, redis, executor.bound_s, app.state.metrics),
+            slots=slots,
             disclosures=DisclosurePublisher(producer, settings.audit_publish_timeout_ms, app.state.metrics),
             pull=pull,
             mask_key=checked.mask_key,
@@ -218,22 +219,26 @@ async def _executor(settings: Settings, pool: asyncpg.Pool, metrics: Metrics) ->
 
 
 def _consumer_slots(
-    settings: Settings, redis: aioredis.Redis, lease_s: float, metrics: Metrics
+    settings: Settings,
+    redis: aioredis.Redis,
+    lease_s: float,
+    metrics: Metrics,
+    stack: contextlib.AsyncExitStack[bool | None],
 ) -> ConsumerSlots:
     """QE-10: the replica's share, and the total across replicas as leases in Redis that outlive
-    no statement (a lease lasts the longest a request can hold a connection, then a second)."""
+    no statement (a lease lasts the longest a request can hold a connection, then a second). The
+    leases the replica keeps for a consumer's next statement are given back before Redis closes."""
     total = settings.query_max_concurrent_per_consumer_total
-    shared = (
-        SharedShare(
+    shared = None
+    if total:
+        shared = SharedShare(
             redis,
             settings.row_filters_cache_key_secret.get_secret_value().encode(),
             total,
             lease_s + 1,
             metrics.share_uncounted,
         )
-        if total
-        else None
-    )
+        stack.push_async_callback(shared.close)
     return ConsumerSlots(settings.query_max_concurrent_per_consumer, shared)
 
 

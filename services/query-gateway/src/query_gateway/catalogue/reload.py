@@ -63,6 +63,7 @@ class CatalogueReloader:
                 leakproof=checked.leakproof,
                 entries={},  # rebuilt from the new catalogue (Gateway.__post_init__)
             )
+            gw.executor.forget_estimates()  # the tables, statistics and bounds may be others now
             self.digest = checked.digest
             serving(gw.metrics, checked)
             gw.metrics.catalogue_reloads.labels(outcome="reloaded").inc()

@@ -11,6 +11,7 @@ import asyncpg
 from dataplane_service_kit.errors import ServiceError
 from dataplane_service_kit.logs import get_logger
 from query_gateway.sql.cost_calibration import cost_per_ms, plan_cost
+from query_gateway.sql.estimates import EstimateCache, estimate_key
 from query_gateway.sql.model import DEFAULT_LIMIT, MAX_LIMIT, NarrowedQuery, QueryPage
 from query_gateway.sql.pagination import PageQueries, page_and_count
 from query_gateway.sql.rows import page_items
@@ -177,6 +178,7 @@ class QueryExecutor:
         self._pool = pool
         # QE-06: 0 asks for no estimate (no round trip added)
         self._max_cost = max_plan_cost
+        self._estimates = EstimateCache()
         self._timeout_ms = int(statement_timeout_ms)
         self._acquire_s = acquire_timeout_s
         command = (
@@ -270,6 +272,10 @@ class QueryExecutor:
         """The estimate above which a statement is refused (0: no estimate asked)."""
         return self._max_cost
 
+    def forget_estimates(self) -> None:
+        """QE-06: every kept estimate is asked again (the catalogue was reloaded)."""
+        self._estimates.clear()
+
     async def calibrate(self) -> float:
         """QE-06: the database's cost units per millisecond, measured now; from then on an
         estimate that would need more than the statement timeout at that pace is refused (or
@@ -285,7 +291,11 @@ class QueryExecutor:
         a LIMIT hides the cost of what it must read first (a sort, a window over every row)."""
         if not self._max_cost:
             return
-        cost = plan_cost(await conn.fetchval(f"EXPLAIN (FORMAT JSON) {q.sql}", *q.params))
+        key = estimate_key(q.sql, q.params)
+        cost = self._estimates.get(key)
+        if cost is None:
+            cost = plan_cost(await conn.fetchval(f"EXPLAIN (FORMAT JSON) {q.sql}", *q.params))
+            self._estimates.put(key, cost)
         if cost > self._max_cost:
             # the estimate alone: the plan's text names tables, indexes and bound values
             log.info("query_too_expensive", cost=round(cost))
