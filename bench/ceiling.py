@@ -15,6 +15,11 @@ cached: one `DisclosureRecorded` per request published to `dataplane.audit.discl
 acknowledged (acks=all, awaited before answering; the gateway's producer settings), so the audit
 relay delivers it to ds as it does the gateway's.
 
+`--server granian` serves the same app under granian (a Rust HTTP server, run as `uv run --with
+granian==GRANIAN_VERSION`: not a project dependency); `--workers N` runs N processes sharing the port,
+each with a pool of 10 // N so the process group holds what one process does. The answered count is
+kept in a small shared file (one slot per process), so `GET /_count` is the group's on any worker.
+
 SPEC.json (written by the bench at run time):
 `{"database_url", "sql", "params", "offset", "limit", "kafka_bootstrap", "kafka_enable_idempotence",
 "disclosure": {DisclosureRecorded fields except row_count}}`."""
@@ -25,10 +30,13 @@ import argparse
 import asyncio
 import contextlib
 import datetime as dt
+import fcntl
 import importlib.util
 import json
+import mmap
 import os
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -38,6 +46,11 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+GRANIAN_VERSION = "2.8.9"
+SERVERS = ("uvicorn", "granian")
+POOL = 10  # the gateway's DATASETS_POOL_MAX_SIZE default: the whole group's
+SLOTS = 64  # processes a count file has room for: (pid, answered) as two 8-byte integers each
+_SLOT = struct.Struct("<qq")
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -60,10 +73,40 @@ def _value(v: object) -> object:
     return str(v)
 
 
+class SharedCount:
+    """The POSTs a group of processes answered: each process its own slot of one mapped file
+    (taken under a lock at start-up), the sum read by any of them."""
+
+    def __init__(self, path: Path) -> None:
+        self._fd = os.open(path, os.O_RDWR)
+        self._map = mmap.mmap(self._fd, SLOTS * _SLOT.size)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            free = next(i for i in range(SLOTS) if _SLOT.unpack_from(self._map, i * _SLOT.size)[0] == 0)
+            self._at = free * _SLOT.size
+            _SLOT.pack_into(self._map, self._at, os.getpid(), 0)
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        self.mine = 0
+
+    @staticmethod
+    def create(path: Path) -> None:
+        path.write_bytes(bytes(SLOTS * _SLOT.size))
+
+    def add(self) -> None:
+        self.mine += 1
+        _SLOT.pack_into(self._map, self._at, os.getpid(), self.mine)
+
+    def total(self) -> int:
+        return sum(_SLOT.unpack_from(self._map, i * _SLOT.size)[1] for i in range(SLOTS))
+
+
 class Ceiling:
     """The raw ASGI app: lifespan opens the pool (and the producer with --full-work)."""
 
-    def __init__(self, spec: dict[str, Any], full_work: bool) -> None:
+    def __init__(
+        self, spec: dict[str, Any], full_work: bool, workers: int = 1, count_file: Path | None = None
+    ) -> None:
         self.spec = spec
         self.full_work = full_work
         self.sql: str = spec["sql"]
@@ -76,11 +119,16 @@ class Ceiling:
         self.event: Any = None
         self.topic = ""
         self.answered = 0  # POSTs answered, read by the bench through GET /_count
+        self.pool_size = max(1, POOL // workers)
+        self.count_file = count_file
+        self.shared: SharedCount | None = None
 
     async def start(self) -> None:
         import asyncpg
 
-        self.pool = await asyncpg.create_pool(self.spec["database_url"], min_size=1, max_size=10)
+        if self.count_file is not None:
+            self.shared = SharedCount(self.count_file)  # in the worker: its own slot
+        self.pool = await asyncpg.create_pool(self.spec["database_url"], min_size=1, max_size=self.pool_size)
         if self.full_work:
             from aiokafka import AIOKafkaProducer
 
@@ -145,7 +193,8 @@ class Ceiling:
             if scope["path"] == "/readyz":
                 await _answer(send, 200, b'{"status":"ready"}')
             elif scope["path"] == "/_count":
-                await _answer(send, 200, b'{"answered":%d}' % self.answered)
+                answered = self.shared.total() if self.shared is not None else self.answered
+                await _answer(send, 200, b'{"answered":%d}' % answered)
             else:
                 await _answer(send, 404, b'{"detail":"not found"}')
             return
@@ -168,6 +217,8 @@ class Ceiling:
         out = json.dumps(page, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":"))
         await _answer(send, 200, out.encode())
         self.answered += 1
+        if self.shared is not None:
+            self.shared.add()
 
 
 async def _answer(send: Send, status: int, payload: bytes) -> None:
@@ -183,6 +234,17 @@ def server_stack() -> str:
     return f"uvicorn ({loop}, {http})"
 
 
+def from_env() -> Ceiling:
+    """The app as a worker process builds it (uvicorn's and granian's factory)."""
+    workers = int(os.environ.get("CEILING_WORKERS", "1"))
+    return Ceiling(
+        json.loads(Path(os.environ["CEILING_SPEC"]).read_text()),
+        os.environ.get("CEILING_FULL_WORK", "") not in ("", "0", "false"),
+        workers,
+        Path(os.environ["CEILING_COUNT_FILE"]),
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -196,13 +258,71 @@ def main() -> int:
         default=os.environ.get("CEILING_FULL_WORK", "") not in ("", "0", "false"),
         help="also publish one DisclosureRecorded per request (acks=all, awaited)",
     )
+    parser.add_argument("--server", choices=SERVERS, default="uvicorn")
+    parser.add_argument("--workers", type=int, default=1)
     args = parser.parse_args()
+    count_file = args.spec.with_suffix(".count")
+    SharedCount.create(count_file)
+    os.environ.update(
+        CEILING_SPEC=str(args.spec.resolve()),
+        CEILING_FULL_WORK="1" if args.full_work else "",
+        CEILING_WORKERS=str(args.workers),
+        CEILING_COUNT_FILE=str(count_file.resolve()),
+    )
+    stack = server_stack() if args.server == "uvicorn" else f"granian {GRANIAN_VERSION} (uvloop)"
+    print(
+        f"ceiling on {args.host}:{args.port}, full work: {args.full_work}, {stack}, {args.workers} worker(s)",
+        flush=True,
+    )
+    if args.server == "granian":
+        # granian's own process model: a supervisor and N workers, each building the app
+        os.execv(
+            sys.executable,
+            [
+                sys.executable,
+                "-m",
+                "granian",
+                "--interface",
+                "asgi",
+                "--http",
+                "1",
+                "--no-ws",
+                "--loop",
+                "uvloop",
+                "--workers",
+                str(args.workers),
+                "--factory",
+                "--working-dir",
+                str(HERE),
+                "--host",
+                args.host,
+                "--port",
+                str(args.port),
+                "--log-level",
+                "warning",
+                "--no-access-log",
+                "ceiling:from_env",
+            ],
+        )
     import uvicorn
 
-    app = Ceiling(json.loads(args.spec.read_text()), args.full_work)
-    print(f"ceiling on {args.host}:{args.port}, full work: {args.full_work}, {server_stack()}", flush=True)
     # the arguments dataplane_service_kit.serve gives uvicorn for every service
-    uvicorn.run(app, host=args.host, port=args.port, log_config=None, access_log=False, lifespan="on")
+    if args.workers == 1:
+        uvicorn.run(
+            from_env(), host=args.host, port=args.port, log_config=None, access_log=False, lifespan="on"
+        )
+    else:
+        uvicorn.run(
+            "ceiling:from_env",
+            factory=True,
+            app_dir=str(HERE),
+            workers=args.workers,
+            host=args.host,
+            port=args.port,
+            log_config=None,
+            access_log=False,
+            lifespan="on",
+        )
     return 0
 
 
@@ -210,8 +330,17 @@ def main() -> int:
 class CeilingProcess:
     """One ceiling as a child process of the bench, on a free port; `stop()` ends it."""
 
-    def __init__(self, name: str, root: Path, spec: dict[str, Any], full_work: bool = False) -> None:
+    def __init__(
+        self,
+        name: str,
+        root: Path,
+        spec: dict[str, Any],
+        full_work: bool = False,
+        server: str = "uvicorn",
+        workers: int = 1,
+    ) -> None:
         self.name, self.root, self.spec, self.full_work = name, root, spec, full_work
+        self.server, self.workers = server, workers
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
         self.log = root / f"{name}.log"
@@ -228,7 +357,11 @@ class CeilingProcess:
         spec_file = self.root / f"{self.name}.json"
         spec_file.write_text(json.dumps(self.spec))
         spec_file.chmod(0o600)
-        cmd = [sys.executable, str(HERE / "ceiling.py"), "--spec", str(spec_file), "--port", str(port)]
+        python = [sys.executable]
+        if self.server == "granian":  # the project's environment with granian beside it
+            python = ["uv", "run", "--no-sync", "--with", f"granian=={GRANIAN_VERSION}", "python"]
+        cmd = [*python, str(HERE / "ceiling.py"), "--spec", str(spec_file), "--port", str(port)]
+        cmd += ["--server", self.server, "--workers", str(self.workers)]
         if self.full_work:
             cmd.append("--full-work")
         with self.log.open("ab") as out:

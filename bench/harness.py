@@ -107,9 +107,17 @@ class Harness:
 
     # ------------------------------------------------------------------------------ ceilings
     @contextlib.asynccontextmanager
-    async def ceiling(self, name: str, spec: dict[str, Any], full_work: bool = False) -> AsyncIterator[str]:
-        """A ceiling process for the block; its URL. Stopped at the end, whatever happens."""
-        proc = CeilingProcess(name, self.bench.root / "ceiling", spec, full_work)
+    async def ceiling(
+        self,
+        name: str,
+        spec: dict[str, Any],
+        full_work: bool = False,
+        server: str = "uvicorn",
+        workers: int = 1,
+    ) -> AsyncIterator[str]:
+        """A ceiling process (or group, `workers`) for the block; its URL. Stopped at the end,
+        whatever happens."""
+        proc = CeilingProcess(name, self.bench.root / "ceiling", spec, full_work, server, workers)
         url = ""
         try:
             url = await asyncio.to_thread(proc.start, infra.free_port())

@@ -83,7 +83,7 @@ def _header(quick: bool, took: float, load: str, loadgen: str, seconds: float, m
     )
 
 
-SECTIONS = ("idle", "edr", "fence", "normal", "lookup", "revocation", "audit")
+SECTIONS = ("idle", "edr", "fence", "normal", "servers", "lookup", "revocation", "audit")
 
 
 async def main_async(
@@ -108,6 +108,8 @@ async def main_async(
             await sections.fence_rule(bench, report, sizes, h)
         if "normal" in only:
             await sections.normal_path(bench, report, sizes, h)
+        if "servers" in only:
+            await sections.servers(bench, report, sizes, h)
         if "lookup" in only:
             await sections.lookup_miss(bench, report, sizes)
         if "revocation" in only:

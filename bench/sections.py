@@ -385,6 +385,47 @@ async def normal_path(bench: Bench, report: Report, sizes: Sizes, h: Harness) ->
         await pool.close()
 
 
+async def servers(bench: Bench, report: Report, sizes: Sizes, h: Harness) -> None:
+    """(2c) issue 30: the normal path's ceiling under each HTTP server and worker count, side by
+    side at c=32 — what a server or more processes per replica could give the gateway here. Each
+    group holds a pool of 10 in all (10 // workers per process), as a replica would."""
+    me = owner(42)
+    plans = {TABLE: [Plan.among("owner", [me], label="user ids"), Plan.allow_all()]}
+    page_sql, params = await _floor(bench, plans, USER_SQL)
+    headers = {"Authorization": f"Bearer {await bench.user_token(me)}"}
+    raw = json.dumps({"sql": USER_SQL, "limit": PAGE, "skip_count": True}).encode()
+    pool = await asyncpg.create_pool(bench.datasets_url, min_size=10, max_size=10)
+
+    async def floor() -> None:
+        await pool.fetch(page_sql, *params)
+
+    s = "2c HTTP server and workers (normal ceiling, c=32)"
+    try:
+        runs: list[Run] = []
+        idle: dict[str, float] = {}
+        for server, workers in (("uvicorn", 1), ("granian", 1), ("uvicorn", 2), ("granian", 2)):
+            name = f"ceiling-{server}-{workers}"
+            async with h.ceiling(
+                name, _ceiling_spec(bench, page_sql, params), False, server, workers
+            ) as ceil:
+                idle.update(await h.idle(max(2.0, h.margin * 2)))  # this group's own idle rate
+                got = await _same_items(bench, f"{ceil}/query", json.loads(raw), headers)
+                report.check(f"{name} answers a page", len(got) == PAGE, f"{len(got)} items")
+                label = f"{server} {workers} worker{'s' if workers > 1 else ''}"
+                runs.append(await h.http(Target(label, f"{ceil}/query", raw, headers), 32))
+                h.add_run(s, runs[-1])
+        fl = await h.floor(floor, 32, "asyncpg floor c=32")
+        h.add_run(s, fl)
+        for r in runs[1:]:
+            h.ratio(s, r, runs[0])
+        for r in runs:
+            h.ratio(s, r, fl)
+        h.net_cpu_row(s, runs, idle)
+        h.answers_check("every HTTP run of 2c answered 2xx only", runs)
+    finally:
+        await pool.close()
+
+
 GATEWAY_HOPS = "query_gateway_plan_miss_hop_seconds"
 RESOLVER_HOPS = "filter_resolver_hop_seconds"
 # a miss's hops in the order they happen: (where, hop, what it is)
