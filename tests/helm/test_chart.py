@@ -139,7 +139,7 @@ def test_per_service_values_override_the_globals(rendered: dict[str, list[Obj]])
         containers["filter-resolver"]["image"]
         == "registry.example.org/mirror/dataplane-filter-resolver:1.2.4"
     )
-    assert containers["audit-relay"]["image"] == "registry.example.org/dataplane/audit-relay:1.2.3"
+    assert containers["audit-relay"]["image"] == "registry.example.org/dataplane/dataplane/audit-relay:1.2.3"
     env = {e["name"]: e for e in containers["query-gateway"]["env"]}
     assert env["CELINE_OIDC_CLIENT_ID"]["value"] == "dataplane-gateway"
     assert env["OTEL_TRACES_SAMPLER"]["value"] == "parentbased_always_on"

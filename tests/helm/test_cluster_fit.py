@@ -219,7 +219,7 @@ def test_prestop_drain_within_the_grace_period(fit: list[Obj]) -> None:
 def test_image_digest_pins_the_reference(fit: list[Obj]) -> None:
     pods = deployments(fit)
     assert pods["query-gateway"]["containers"][0]["image"] == (
-        "registry.example.org/dataplane/query-gateway:1.2.3@sha256:" + "0123456789abcdef" * 4
+        "registry.example.org/dataplane/dataplane/query-gateway:1.2.3@sha256:" + "0123456789abcdef" * 4
     )
     assert "@" not in pods["signaling"]["containers"][0]["image"]
     with pytest.raises(chart.ChartError, match="/services/signaling/image/digest"):

@@ -1,28 +1,39 @@
-"""Builds the four service images without a container engine, as OCI image layouts, and starts one.
+"""Builds the four service images without a container engine, for amd64 and arm64, as multi-platform
+OCI image layouts, and starts one.
 
-    sudo uv run python tools/images/build.py build [--out build/images] [--tag TAG] [--base DIR]
-    sudo uv run python tools/images/build.py smoke [--out build/images] [--service audit-relay]
+    sudo "$(command -v uv)" run python tools/images/build.py build [--out DIR] [--arch amd64,arm64]
+    sudo "$(command -v uv)" run python tools/images/build.py smoke [--out DIR] [--service audit-relay]
+    sudo "$(command -v uv)" run python tools/images/build.py check [--arch amd64,arm64]
 
-`build` makes one Debian base (`debootstrap --variant=minbase` of bookworm with its python3.11,
-ca-certificates and the user 10001 the chart runs as; the mirror is debootstrap's default unless
-DEBIAN_MIRROR is set), then per service a locked `uv sync --no-dev --no-editable --package
-dataplane-<svc>` into /app/.venv, run inside that base under chroot, so the venv's interpreter and
-paths are the image's own. Each image is two layers — the shared base, the service's venv — and is
-written as an OCI image layout under OUT/<svc> (`index.json` names it `<tag>`), what the
-Dockerfiles build, without Docker. Layer tars are sorted, with fixed times and numeric owners:
-the base layer is the same bytes while the kept base is unchanged; a venv layer is not yet (the
-workspace wheels and their RECORDs are rebuilt at each sync). The base root file system is kept
-(--base, default under /var/cache) and reused while its recipe is unchanged; the syncs share uv's
-cache.
+(`sudo uv` alone may not resolve: sudo's secure_path rarely holds ~/.local/bin; as root, plain `uv run`.)
 
-`smoke` imports every image's app as uid 10001 (an undeclared dependency fails there), then
-unpacks one image from its layout (checking every digest), starts its entrypoint as uid
-10001 in a chroot inside new mount and PID namespaces (`unshare`), and checks `/healthz` answers
-200 and `/readyz` 503 naming the broker it cannot reach (so the answer is the service's own).
+`build` makes, per architecture, one Debian base (`debootstrap --variant=minbase --arch=ARCH` of
+bookworm with its python3.11, ca-certificates and the user 10001 the chart runs as; the mirror is
+debootstrap's default unless DEBIAN_MIRROR is set), then per service a locked `uv sync --no-dev
+--no-editable --package dataplane-<svc>` into /app/.venv, run inside that base under chroot, so the
+venv's interpreter, paths and compiled wheels are the image's own. A foreign architecture's base
+and sync run under qemu-user-static registered in binfmt_misc (with the F flag, so a chroot needs
+no interpreter inside it), with a uv of the same version and that architecture from PyPI. Each
+image is two layers — the base, the service's venv — and every ELF file of the venv layer is
+checked to be of the image's architecture. OUT/<svc> is an OCI image layout whose `index.json`
+names `<tag>`: an image index with one manifest per architecture (`platform: {architecture, os}`),
+what `skopeo copy --all` pushes as one multi-arch tag. Layer tars are sorted, with fixed times
+and numeric owners: a base layer is the same bytes while its kept base is unchanged; a venv layer
+is not yet (the workspace wheels and their RECORDs are rebuilt at each sync). The base root file
+systems are kept (--bases, default under /var/cache) and reused while their recipe is unchanged;
+the syncs share uv's cache.
 
-Root is needed (debootstrap, chroot, unshare). A release pushes the layouts with any OCI copier,
-e.g. `skopeo copy oci:build/images/query-gateway:TAG docker://REGISTRY/dataplane/query-gateway:TAG`
-(README, "Images")."""
+`smoke` imports every image's app as uid 10001 on every architecture in the layouts (an
+undeclared dependency, or one missing on one architecture, fails there), then unpacks one image
+from its layout (checking every digest), starts its entrypoint as uid 10001 in a chroot inside new
+mount and PID namespaces (`unshare`), and checks `/healthz` answers 200 and `/readyz` 503 naming
+the broker it cannot reach (so the answer is the service's own).
+
+`check` tells in one line what is missing for the given architectures (root, debootstrap, chroot,
+unshare, the emulator), as `build` and `smoke` do before they start; exit 0 when nothing is.
+
+A release (.github/workflows/release.yml) pushes each layout with `skopeo copy --all` (README,
+"Images"; docs/operations.md, "Mirroring the images")."""
 
 from __future__ import annotations
 
@@ -33,6 +44,7 @@ import hashlib
 import io
 import json
 import os
+import platform
 import shutil
 import socket
 import subprocess
@@ -62,11 +74,35 @@ PRUNE = (
     "var/lib/apt/lists",
     "var/cache/apt",
 )
+
+
 # A base made by another version of this recipe is made anew.
-BASE_ID = f"{SUITE} minbase python3 ca-certificates uid {UID} pruned {','.join(PRUNE)}\n"
+def base_id(arch: str) -> str:
+    return f"{SUITE} {arch} minbase python3 ca-certificates uid {UID} pruned {','.join(PRUNE)}\n"
+
+
 MARKER = ".dataplane-base"
-# Kept between runs on one machine (a new machine makes them: about 4 minutes for debootstrap).
-DEFAULT_BASE = Path("/var/cache/dataplane-images/bookworm-rootfs")
+# Kept between runs on one machine (a new machine makes them: about 4 minutes for debootstrap of
+# amd64, about 3 for arm64 under qemu, measured on this project's 2-core machines).
+DEFAULT_BASES = Path("/var/cache/dataplane-images")
+# Debian's architecture name -> (the binfmt_misc handler that runs its binaries on another host,
+# uv's --python-platform for fetching a uv of that architecture, the ELF e_machine of its binaries)
+ARCHES: dict[str, tuple[str, str, int]] = {
+    "amd64": ("qemu-x86_64", "x86_64-unknown-linux-gnu", 0x3E),
+    "arm64": ("qemu-aarch64", "aarch64-unknown-linux-gnu", 0xB7),
+}
+HOST_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
+BINFMT = Path("/proc/sys/fs/binfmt_misc")
+# Packages of the lock published with no wheel for an architecture and no sdist: a sync there
+# leaves them out (tests/images/test_oci_layout.py checks this list against uv.lock), and the
+# import check in `smoke` proves each app imports without them on that architecture.
+NO_WHEEL: dict[str, dict[str, str]] = {
+    "arm64": {
+        # only linux x86_64 and macOS wheels exist; celine-sdk requires it for its policies
+        # engine (celine.sdk.policies), which filter-resolver does not import
+        "celine-regorus": "filter-resolver",
+    },
+}
 # What the workspace lock check reads (as the Dockerfiles copy it).
 SOURCES = ("pyproject.toml", "uv.lock", "libs", "services", "deploy/local/pyproject.toml")
 
@@ -76,7 +112,85 @@ def log(message: str) -> None:
 
 
 def run(cmd: list[str], **kw: Any) -> None:
-    subprocess.run(cmd, check=True, **kw)
+    try:
+        subprocess.run(cmd, check=True, **kw)
+    except FileNotFoundError:
+        # preflight() names the tools first; this is for one that vanished since
+        raise SystemExit(f"{cmd[0]} not found (needed by tools/images/build.py)") from None
+    except subprocess.CalledProcessError as err:
+        raise SystemExit(f"{' '.join(cmd[:3])} ... exited {err.returncode}") from None
+
+
+# ------------------------------------------------------------------ what the host must have
+
+# a tool -> the Debian package that brings it
+TOOLS = {"debootstrap": "debootstrap", "chroot": "coreutils", "unshare": "util-linux", "mount": "mount"}
+
+
+def preflight(arches: list[str], binfmt: Path = BINFMT) -> str | None:
+    """What is missing to build or run images of these architectures here, in one line; None if
+    nothing is."""
+    unknown = [a for a in arches if a not in ARCHES]
+    if unknown:
+        return f"unknown architecture {', '.join(unknown)} (known: {', '.join(ARCHES)})"
+    if os.geteuid() != 0:
+        return (
+            "tools/images/build.py needs root (debootstrap, chroot, unshare): "
+            'sudo "$(command -v uv)" run python tools/images/build.py ...'
+        )
+    for tool, package in TOOLS.items():
+        if shutil.which(tool) is None:
+            return f"{tool} not found on PATH: apt-get install {package}"
+    for arch in arches:
+        if arch == HOST_ARCH:
+            continue
+        handler = ARCHES[arch][0]
+        install = f"{arch} on {HOST_ARCH} needs {handler} registered in binfmt_misc"
+        if not (binfmt / "status").exists():
+            return (
+                f"{install}, and binfmt_misc is not mounted: "
+                f"mount -t binfmt_misc binfmt_misc {binfmt}; apt-get install qemu-user-static"
+            )
+        entry = binfmt / handler
+        if not entry.exists():
+            return (
+                f"{install}: apt-get install qemu-user-static (without systemd running, then "
+                f"/lib/systemd/systemd-binfmt /usr/lib/binfmt.d/{handler}.conf)"
+            )
+        lines = entry.read_text().splitlines()
+        fields = dict(line.split(" ", 1) for line in lines[1:] if " " in line)
+        if not lines or lines[0] != "enabled":
+            return f"{install}: {entry} is disabled (echo 1 > {entry})"
+        if "F" not in fields.get("flags:", ""):
+            # without F the kernel opens the interpreter inside the chroot, where there is none
+            return f"{install} with the F flag (fix-binary): {entry} has flags {fields.get('flags:', '')!r}"
+        if not Path(fields.get("interpreter", "")).exists():
+            return f"{install}: its interpreter {fields.get('interpreter')} is missing"
+    return None
+
+
+def elf_machine(path: Path) -> int | None:
+    """The e_machine of an ELF file (little-endian, as both architectures are); None if not ELF."""
+    with path.open("rb") as fh:
+        head = fh.read(20)
+    if len(head) < 20 or head[:4] != b"\x7fELF":
+        return None
+    return int.from_bytes(head[18:20], "little")
+
+
+def foreign_elves(root: Path, arch: str) -> list[str]:
+    """Every ELF file under root whose machine is not the architecture's (relative paths)."""
+    wrong = []
+    want = ARCHES[arch][2]
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            path = Path(dirpath) / name
+            if path.is_symlink() or not path.is_file():
+                continue
+            machine = elf_machine(path)
+            if machine is not None and machine != want:
+                wrong.append(path.relative_to(root).as_posix())
+    return sorted(wrong)
 
 
 def app_version() -> str:
@@ -90,15 +204,26 @@ def app_version() -> str:
 # ------------------------------------------------------------------ the base root file system
 
 
-def make_base(base: Path) -> None:
+def make_base(base: Path, arch: str) -> None:
     marker = base / MARKER
-    if (base / "usr" / "bin" / "python3.11").exists() and marker.exists() and marker.read_text() == BASE_ID:
-        log(f"base: reusing {base}")
+    if (
+        (base / "usr" / "bin" / "python3.11").exists()
+        and marker.exists()
+        and marker.read_text() == base_id(arch)
+    ):
+        log(f"base {arch}: reusing {base}")
         return
     if base.exists():
         shutil.rmtree(base)
-    log(f"base: debootstrap {SUITE} minbase into {base}")
-    cmd = ["debootstrap", "--variant=minbase", "--include=python3,ca-certificates", SUITE, str(base)]
+    log(f"base {arch}: debootstrap {SUITE} minbase into {base}")
+    cmd = [
+        "debootstrap",
+        "--variant=minbase",
+        f"--arch={arch}",
+        "--include=python3,ca-certificates",
+        SUITE,
+        str(base),
+    ]
     if os.environ.get("DEBIAN_MIRROR"):
         cmd.append(os.environ["DEBIAN_MIRROR"])
     run(cmd, stdout=subprocess.DEVNULL)
@@ -121,7 +246,7 @@ def make_base(base: Path) -> None:
         shutil.rmtree(base / part, ignore_errors=True)
     # debootstrap copied the build host's DNS settings; a runtime mounts its own
     (base / "etc" / "resolv.conf").write_text("")
-    marker.write_text(BASE_ID)
+    marker.write_text(base_id(arch))
 
 
 def _uv_binary() -> Path:
@@ -133,7 +258,42 @@ def _uv_binary() -> Path:
     return Path(found).resolve()
 
 
-def sync_venv(base: Path, service: str, cache: Path) -> None:
+def uv_for(arch: str, bases: Path) -> Path:
+    """A uv binary for the architecture: the running one on the host's, else the same version's
+    wheel for that architecture from PyPI (kept beside the bases)."""
+    host_uv = _uv_binary()
+    if arch == HOST_ARCH:
+        return host_uv
+    version = subprocess.run(
+        [str(host_uv), "--version"], capture_output=True, text=True, check=True
+    ).stdout.split()[1]
+    target = bases / f"uv-{version}-{arch}"
+    binary = target / "bin" / "uv"
+    if not binary.exists():
+        log(f"uv {version} for {arch}: from PyPI")
+        shutil.rmtree(target, ignore_errors=True)
+        run(
+            [
+                str(host_uv),
+                "pip",
+                "install",
+                "--quiet",
+                "--no-deps",
+                "--only-binary",
+                ":all:",
+                "--python-platform",
+                ARCHES[arch][1],
+                "--target",
+                str(target),
+                f"uv=={version}",
+            ]
+        )
+    if elf_machine(binary) != ARCHES[arch][2]:
+        raise SystemExit(f"{binary} is not an {arch} binary")
+    return binary
+
+
+def sync_venv(base: Path, service: str, cache: Path, arch: str, uv: Path) -> None:
     """A locked sync of one service into /app/.venv, run inside the base under chroot (new mount
     namespace: /proc, /dev, the sources and the uv cache are mounted there and vanish with it)."""
     shutil.rmtree(base / "app", ignore_errors=True)
@@ -148,7 +308,7 @@ def sync_venv(base: Path, service: str, cache: Path) -> None:
             )
         else:
             shutil.copy2(ROOT / rel, target)
-    shutil.copy2(_uv_binary(), base / "usr" / "local" / "bin" / "uv")
+    shutil.copy2(uv, base / "usr" / "local" / "bin" / "uv")
     (base / "uv-cache").mkdir(exist_ok=True)
     # The build host's DNS and trusted CAs (a host behind a TLS-inspecting proxy has its own) are
     # mounted for the sync only: neither ends up in a layer (/tmp goes in empty).
@@ -168,18 +328,22 @@ def sync_venv(base: Path, service: str, cache: Path) -> None:
             "SSL_CERT_FILE=/tmp/build-ca.pem",
         ]
     )
+    leave_out = "".join(f" --no-install-package {name}" for name in NO_WHEEL.get(arch, {}))
     script = (
         f"set -e; mount -t proc proc {base}/proc; mount --rbind /dev {base}/dev; "
         f"mount --bind {cache} {base}/uv-cache; mount --bind /etc/resolv.conf {base}/etc/resolv.conf; "
         f"chroot {base} /bin/sh -c 'cd /src && env {env} uv sync --quiet --locked --no-dev "
-        f"--no-editable --package dataplane-{service}'"
+        f"--no-editable --package dataplane-{service}{leave_out}'"
     )
     run(["unshare", "--mount", "--propagation", "private", "--fork", "sh", "-c", script])
     shutil.rmtree(src)
     (base / "usr" / "local" / "bin" / "uv").unlink()
     (base / "tmp" / "build-ca.pem").unlink()
     if not (base / VENV.lstrip("/") / "bin" / service).exists():
-        raise SystemExit(f"{service}: the sync made no {VENV}/bin/{service}")
+        raise SystemExit(f"{service} {arch}: the sync made no {VENV}/bin/{service}")
+    wrong = foreign_elves(base / "app", arch)
+    if wrong:
+        raise SystemExit(f"{service} {arch}: {len(wrong)} ELF files of another architecture, e.g. {wrong[0]}")
 
 
 # ------------------------------------------------------------------ OCI image layout
@@ -225,21 +389,17 @@ def _blob(blobs: Path, data: bytes) -> str:
     return f"sha256:{digest}"
 
 
-def write_image(
-    out: Path, service: str, tag: str, layers: list[tuple[str, str, int]], base_blobs: Path
-) -> None:
-    layout = out / service
-    shutil.rmtree(layout, ignore_errors=True)
-    blobs = layout / "blobs" / "sha256"
-    blobs.mkdir(parents=True)
-    for _, digest, _ in layers:
-        shutil.copy2(base_blobs / digest.split(":", 1)[1], blobs / digest.split(":", 1)[1])
+Layers = list[tuple[str, str, int]]  # (diff_id, digest, size) per layer, bottom first
+
+
+def _manifest(blobs: Path, service: str, tag: str, arch: str, layers: Layers) -> dict[str, Any]:
+    """One architecture's config and manifest, written as blobs; the manifest's descriptor."""
     scripts = tomllib.loads((ROOT / "services" / service / "pyproject.toml").read_text())["project"][
         "scripts"
     ]
     assert service in scripts
     config = {
-        "architecture": "amd64",
+        "architecture": arch,
         "os": "linux",
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(EPOCH)),
         "config": {
@@ -259,7 +419,7 @@ def write_image(
         },
         "rootfs": {"type": "layers", "diff_ids": [diff for diff, _, _ in layers]},
         "history": [
-            {"created_by": f"debootstrap {SUITE} minbase + python3"},
+            {"created_by": f"debootstrap {SUITE} {arch} minbase + python3"},
             {"created_by": f"uv sync {service}"},
         ],
     }
@@ -278,49 +438,90 @@ def write_image(
         ],
     }
     manifest_bytes = json.dumps(manifest, sort_keys=True).encode()
+    return {
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "digest": _blob(blobs, manifest_bytes),
+        "size": len(manifest_bytes),
+        "platform": {"architecture": arch, "os": "linux"},
+    }
+
+
+def write_image(out: Path, service: str, tag: str, images: dict[str, Layers], base_blobs: Path) -> str:
+    """OUT/<service> as an OCI image layout: `index.json` names `tag`, an image index holding one
+    manifest per architecture. The index is its own blob (not index.json itself) because a copier
+    resolves `oci:DIR:TAG` to the one descriptor so named: two manifests both named TAG in
+    index.json would be read as the first one alone. The image index's digest is returned."""
+    layout = out / service
+    shutil.rmtree(layout, ignore_errors=True)
+    blobs = layout / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+    manifests = []
+    for arch, layers in sorted(images.items()):
+        for _, digest, _ in layers:
+            shutil.copy2(base_blobs / digest.split(":", 1)[1], blobs / digest.split(":", 1)[1])
+        manifests.append(_manifest(blobs, service, tag, arch, layers))
+    image_index = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": manifests,
+    }
+    image_index_bytes = json.dumps(image_index, sort_keys=True).encode()
+    digest = _blob(blobs, image_index_bytes)
     index = {
         "schemaVersion": 2,
         "mediaType": "application/vnd.oci.image.index.v1+json",
         "manifests": [
             {
-                "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                "digest": _blob(blobs, manifest_bytes),
-                "size": len(manifest_bytes),
+                "mediaType": "application/vnd.oci.image.index.v1+json",
+                "digest": digest,
+                "size": len(image_index_bytes),
                 "annotations": {"org.opencontainers.image.ref.name": tag},
             }
         ],
     }
     (layout / "index.json").write_text(json.dumps(index, indent=2) + "\n")
     (layout / "oci-layout").write_text(json.dumps({"imageLayoutVersion": "1.0.0"}) + "\n")
+    return digest
 
 
-def build(out: Path, tag: str, base: Path, cache: Path) -> None:
+def build(out: Path, tag: str, bases: Path, cache: Path, arches: list[str]) -> None:
     started = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
-    make_base(base)
-    # what an interrupted run may have left in the kept base must not reach its layer
-    for leftover in ("app", "src", "usr/local/bin/uv", "tmp/build-ca.pem"):
-        path = base / leftover
-        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-    log(f"base ready after {time.monotonic() - started:.0f} s")
+    images: dict[str, dict[str, Layers]] = {service: {} for service in SERVICES}
     with tempfile.TemporaryDirectory(prefix="dataplane-blobs-") as tmp:
         blobs = Path(tmp)
-        # /tmp, /run, /proc, /dev and /sys go in empty: mount points (the chart mounts /tmp)
-        mounts = ("tmp", "run", "proc", "dev", "sys")
-        for mount in mounts:
-            (base / mount).mkdir(exist_ok=True)
-        top = sorted(p.name for p in base.iterdir() if p.name not in {"app", "src", "uv-cache", MARKER})
-        base_layer = write_layer(base, top, set(_children(base, *mounts)), blobs)
-        log(f"base layer {base_layer[1][:19]} {base_layer[2] / 1e6:.1f} MB")
+        for arch in arches:
+            t_arch = time.monotonic()
+            base = bases / f"{SUITE}-{arch}-rootfs"
+            make_base(base, arch)
+            # what an interrupted run may have left in the kept base must not reach its layer
+            for leftover in ("app", "src", "usr/local/bin/uv", "tmp/build-ca.pem"):
+                path = base / leftover
+                shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+            uv = uv_for(arch, bases)
+            log(f"base {arch} ready after {time.monotonic() - t_arch:.0f} s")
+            # /tmp, /run, /proc, /dev and /sys go in empty: mount points (the chart mounts /tmp)
+            mounts = ("tmp", "run", "proc", "dev", "sys")
+            for mount in mounts:
+                (base / mount).mkdir(exist_ok=True)
+            top = sorted(p.name for p in base.iterdir() if p.name not in {"app", "src", "uv-cache", MARKER})
+            base_layer = write_layer(base, top, set(_children(base, *mounts)), blobs)
+            log(f"base layer {arch} {base_layer[1][:19]} {base_layer[2] / 1e6:.1f} MB")
+            for service in SERVICES:
+                t0 = time.monotonic()
+                sync_venv(base, service, cache, arch, uv)
+                venv_layer = write_layer(base, ["app"], set(), blobs)
+                images[service][arch] = [base_layer, venv_layer]
+                size, took = venv_layer[2] / 1e6, time.monotonic() - t0
+                left_out = [n for n, svc in NO_WHEEL.get(arch, {}).items() if svc == service]
+                note = f", without {', '.join(left_out)} (no {arch} wheel)" if left_out else ""
+                log(f"{service} {arch}: {size:.1f} MB venv layer, {took:.0f} s{note}")
+            shutil.rmtree(base / "app", ignore_errors=True)
+            log(f"{arch}: {len(SERVICES)} images in {time.monotonic() - t_arch:.0f} s")
         for service in SERVICES:
-            t0 = time.monotonic()
-            sync_venv(base, service, cache)
-            venv_layer = write_layer(base, ["app"], set(), blobs)
-            write_image(out, service, tag, [base_layer, venv_layer], blobs)
-            size, took = venv_layer[2] / 1e6, time.monotonic() - t0
-            log(f"{service}: {out / service} ({size:.1f} MB venv layer, {took:.0f} s)")
-        shutil.rmtree(base / "app", ignore_errors=True)
-    log(f"built {len(SERVICES)} images in {time.monotonic() - started:.0f} s")
+            digest = write_image(out, service, tag, images[service], blobs)
+            log(f"{service}: {out / service} {tag} ({', '.join(arches)}) {digest}")
+    log(f"built {len(SERVICES)} images for {', '.join(arches)} in {time.monotonic() - started:.0f} s")
 
 
 def _children(root: Path, *dirs: str) -> Iterator[str]:
@@ -335,20 +536,33 @@ def _children(root: Path, *dirs: str) -> Iterator[str]:
 # ------------------------------------------------------------------ smoke: start one image
 
 
-def unpack(layout: Path, dest: Path) -> dict[str, Any]:
-    """Apply the image's layers in order under dest, checking each blob's digest; its config."""
+def _read_blob(layout: Path, digest: str) -> bytes:
+    data = (layout / "blobs" / "sha256" / digest.split(":", 1)[1]).read_bytes()
+    if "sha256:" + hashlib.sha256(data).hexdigest() != digest:
+        raise SystemExit(f"{layout}: blob {digest} does not match its digest")
+    return data
 
-    def blob(digest: str) -> bytes:
-        data = (layout / "blobs" / "sha256" / digest.split(":", 1)[1]).read_bytes()
-        if "sha256:" + hashlib.sha256(data).hexdigest() != digest:
-            raise SystemExit(f"{layout}: blob {digest} does not match its digest")
-        return data
 
-    index = json.loads((layout / "index.json").read_text())
-    manifest = json.loads(blob(index["manifests"][0]["digest"]))
-    config: dict[str, Any] = json.loads(blob(manifest["config"]["digest"]))
+def platforms(layout: Path) -> dict[str, str]:
+    """The layout's tagged image: architecture -> its manifest's digest."""
+    (named,) = json.loads((layout / "index.json").read_text())["manifests"]
+    if named["mediaType"] != "application/vnd.oci.image.index.v1+json":
+        raise SystemExit(f"{layout}: index.json names a single manifest, not a multi-platform index")
+    image_index = json.loads(_read_blob(layout, named["digest"]))
+    return {m["platform"]["architecture"]: m["digest"] for m in image_index["manifests"]}
+
+
+def unpack(layout: Path, dest: Path, arch: str = HOST_ARCH) -> dict[str, Any]:
+    """Apply the architecture's layers in order under dest, checking each blob's digest; its config."""
+    found = platforms(layout)
+    if arch not in found:
+        raise SystemExit(f"{layout}: no {arch} image (it has {', '.join(sorted(found))})")
+    manifest = json.loads(_read_blob(layout, found[arch]))
+    config: dict[str, Any] = json.loads(_read_blob(layout, manifest["config"]["digest"]))
+    if config["architecture"] != arch:
+        raise SystemExit(f"{layout}: the {arch} manifest's config says {config['architecture']}")
     for layer, diff_id in zip(manifest["layers"], config["rootfs"]["diff_ids"], strict=True):
-        data = gzip.decompress(blob(layer["digest"]))
+        data = gzip.decompress(_read_blob(layout, layer["digest"]))
         if "sha256:" + hashlib.sha256(data).hexdigest() != diff_id:
             raise SystemExit(f"{layout}: layer {layer['digest']} does not match its diff_id")
         with tarfile.open(fileobj=io.BytesIO(data)) as tar:
@@ -371,27 +585,30 @@ def _get(url: str) -> tuple[int, str]:
 
 
 def check_imports(out: Path) -> None:
-    """Every image imports its whole app as uid 10001: a dependency used but not declared (which
-    the workspace's shared venv hides) fails here, not in a cluster."""
+    """Every image imports its whole app as uid 10001, on every architecture it was built for (a
+    foreign one under its emulator): a dependency used but not declared (which the workspace's
+    shared venv hides), or one left out on an architecture, fails here, not in a cluster."""
     for service in SERVICES:
-        with tempfile.TemporaryDirectory(prefix="dataplane-imports-") as tmp:
-            rootfs = Path(tmp) / "rootfs"
-            rootfs.mkdir(mode=0o755)  # the image's /, which uid 10001 must be able to enter
-            config = unpack(out / service, rootfs)["config"]
-            package = service.replace("-", "_")
-            code = f"import {package}.app, {package}.__main__"
-            python = ["/usr/bin/env", "-i", *config["Env"], f"{VENV}/bin/python", "-c", code]
-            run(["chroot", f"--userspec={config['User']}", str(rootfs), *python])
-            log(f"imports: {service} ({code}) ok")
+        for arch in sorted(platforms(out / service)):
+            t0 = time.monotonic()
+            with tempfile.TemporaryDirectory(prefix="dataplane-imports-") as tmp:
+                rootfs = Path(tmp) / "rootfs"
+                rootfs.mkdir(mode=0o755)  # the image's /, which uid 10001 must be able to enter
+                config = unpack(out / service, rootfs, arch)["config"]
+                package = service.replace("-", "_")
+                code = f"import {package}.app, {package}.__main__"
+                python = ["/usr/bin/env", "-i", *config["Env"], f"{VENV}/bin/python", "-c", code]
+                run(["chroot", f"--userspec={config['User']}", str(rootfs), *python])
+            log(f"imports: {service} {arch} ({code}) ok in {time.monotonic() - t0:.0f} s")
 
 
-def smoke(out: Path, service: str, timeout_s: float) -> None:
+def smoke(out: Path, service: str, timeout_s: float, arch: str) -> None:
     started = time.monotonic()
     check_imports(out)
     with tempfile.TemporaryDirectory(prefix="dataplane-smoke-") as tmp:
         rootfs = Path(tmp) / "rootfs"
         rootfs.mkdir(mode=0o755)
-        config = unpack(out / service, rootfs)["config"]
+        config = unpack(out / service, rootfs, arch)["config"]
         port = _free_port()
         dead = _free_port()  # nothing listens there: the broker the service cannot reach
         env = [
@@ -418,7 +635,7 @@ def smoke(out: Path, service: str, timeout_s: float) -> None:
             *env,
             *config["Entrypoint"],
         ]
-        log(f"smoke: starting {service} ({' '.join(config['Entrypoint'])}) as {user} on port {port}")
+        log(f"smoke: starting {service} {arch} ({' '.join(config['Entrypoint'])}) as {user} on port {port}")
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             deadline = time.monotonic() + timeout_s
@@ -451,33 +668,51 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("command", choices=["build", "smoke"])
+    parser.add_argument("command", choices=["build", "smoke", "check"])
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "images")
     parser.add_argument("--tag", default=app_version())
     parser.add_argument(
-        "--base", type=Path, default=DEFAULT_BASE, help="base root file system, kept between runs"
+        "--arch",
+        default=None,
+        help="build/check: architectures, comma-separated (default amd64,arm64); smoke: the one started",
+    )
+    parser.add_argument(
+        "--bases", type=Path, default=DEFAULT_BASES, help="base root file systems, kept between runs"
     )
     parser.add_argument("--cache", type=Path, default=None, help="uv cache of the syncs (default: uv's own)")
     parser.add_argument("--service", default="audit-relay", choices=sorted(SERVICES))
     parser.add_argument("--timeout", type=float, default=60.0, help="smoke: seconds to wait for /healthz")
     args = parser.parse_args(argv)
-    if os.geteuid() != 0:
-        print("tools/images/build.py needs root (debootstrap, chroot, unshare)", file=sys.stderr)
+    if args.command == "smoke":
+        started = args.arch or HOST_ARCH
+        layouts = [args.out / s for s in SERVICES]
+        missing = [str(p) for p in layouts if not (p / "index.json").exists()]
+        if missing:
+            print(f"no image layout at {missing[0]}: run `build` first", file=sys.stderr)
+            return 2
+        arches = sorted({a for p in layouts for a in platforms(p)} | {started})
+    else:
+        arches = [a for a in (args.arch or "amd64,arm64").split(",") if a]
+    problem = preflight(arches)
+    if problem:
+        print(problem, file=sys.stderr)
         return 2
-    if args.command == "build":
+    if args.command == "check":
+        print(f"ok: {', '.join(arches)} can be built and run here (host {HOST_ARCH})")
+    elif args.command == "build":
         cache = args.cache or Path(
             subprocess.run(
                 [str(_uv_binary()), "cache", "dir"], capture_output=True, text=True, check=True
             ).stdout.strip()
         )
         cache.mkdir(parents=True, exist_ok=True)
-        args.base.parent.mkdir(parents=True, exist_ok=True)
-        # one build at a time per kept base: two would sync into the same /app
-        with open(args.base.with_name(args.base.name + ".lock"), "w") as lock:
+        args.bases.mkdir(parents=True, exist_ok=True)
+        # one build at a time per kept bases: two would sync into the same /app
+        with open(args.bases / "build.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            build(args.out, args.tag, args.base, cache)
+            build(args.out, args.tag, args.bases, cache, arches)
     else:
-        smoke(args.out, args.service, args.timeout)
+        smoke(args.out, args.service, args.timeout, started)
     return 0
 
 
