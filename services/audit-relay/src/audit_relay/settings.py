@@ -4,11 +4,17 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from dataplane_contracts.settings import ConnectorSettings, HttpSettings, KafkaSettings, OidcSettings
+from dataplane_contracts.settings import (
+    ConnectorSettings,
+    HttpSettings,
+    KafkaSettings,
+    OidcSettings,
+    OutboundTlsSettings,
+)
 from dataplane_contracts.topics import AUDIT_DISCLOSURES, AUDIT_DISCLOSURES_DLQ
 
 
-class Settings(HttpSettings, KafkaSettings, OidcSettings, ConnectorSettings):
+class Settings(HttpSettings, KafkaSettings, OidcSettings, ConnectorSettings, OutboundTlsSettings):
     http_port: int = Field(default=8003, ge=1, le=65535)
 
     # The topics and group default to the contracts' names; overriding them lets a test (or a

@@ -24,7 +24,8 @@ from pydantic import AnyHttpUrl, Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from dataplane_contracts.dps import SIGNALING_PATH
-from dataplane_contracts.settings import BASE_CONFIG, OidcSettings
+from dataplane_contracts.settings import BASE_CONFIG, OidcSettings, OutboundTlsSettings
+from dataplane_service_kit.outbound_tls import outbound_http_sync
 from dataplane_service_kit.settings import load_settings
 from signaling.settings import DpsIdentitySettings
 
@@ -32,7 +33,7 @@ Spelling = Literal["rc2", "rc3", "both"]
 AUTH_PROFILE = "oauth2_client_credentials"
 
 
-class RegisterSettings(OidcSettings, DpsIdentitySettings):
+class RegisterSettings(OidcSettings, DpsIdentitySettings, OutboundTlsSettings):
     """What `signaling register` reads. No database or broker: the Job needs neither."""
 
     model_config = SettingsConfigDict(**BASE_CONFIG, validate_default=True)
@@ -132,7 +133,7 @@ def _credentials(settings: RegisterSettings, http: httpx.Client) -> dict[str, st
 def register(settings: RegisterSettings) -> int:
     """PUT the registration; the control plane's status code, or RegistrationFailed."""
     url = str(settings.edc_registration_url)
-    with httpx.Client(timeout=settings.edc_registration_timeout_seconds) as http:
+    with outbound_http_sync(settings, timeout=settings.edc_registration_timeout_seconds) as http:
         headers = _credentials(settings, http)
         try:
             answer = http.put(url, json=registration_body(settings), headers=headers)
