@@ -104,3 +104,17 @@ async def test_http_proxy_gets_a_plain_http_post_in_absolute_form(
         pools = ConnectorPools(max_in_flight=1, timeout_s=5)
         assert await _post(pools, http_ds.url, "forwarded") == 204  # the proxy double's own answer
     assert proxy.request_lines == [f"POST {http_ds.url}{AUDIT} HTTP/1.1"]
+
+
+def test_a_proxy_the_relay_cannot_use_stops_its_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pydantic import ValidationError
+
+    from audit_relay.settings import Settings
+
+    monkeypatch.setenv("HTTPS_PROXY", "socks5://user:secret@proxy.corp:1080")
+    with pytest.raises(ValidationError) as refused:
+        Settings(kafka_bootstrap_servers="127.0.0.1:1", connector_internal_url="https://ds.example.org")
+    assert "the https proxy must be an http:// URL" in str(refused.value)
+    assert "secret" not in str(refused.value)
+    monkeypatch.setenv("NO_PROXY", "ds.example.org")  # a connector not proxied: no objection
+    Settings(kafka_bootstrap_servers="127.0.0.1:1", connector_internal_url="https://ds.example.org")
