@@ -64,7 +64,19 @@ NEW_VALUES = [
         for w in ("public", "signaling")
         for k in ("enabled", "className", "annotations", "host", "tls")
     ],
-    *[f"edcRegistration.{k}" for k in ("enabled", "url", "spelling", "clientId", "clientSecret", "apiKey")],
+    *[
+        f"edcRegistration.{k}"
+        for k in (
+            "enabled",
+            "url",
+            "spelling",
+            "clientId",
+            "clientSecret",
+            "apiKey",
+            "backoffLimit",
+            "activeDeadlineSeconds",
+        )
+    ],
     "trust.caBundle.configMap",
     "trust.caBundle.key",
     "trust.proxy.https",
@@ -400,9 +412,15 @@ def test_every_setting_is_passed_or_tunable(fit: list[Obj]) -> None:
     assert forgotten == {}
 
 
+def registration_job(objs: list[Obj]) -> Obj:
+    (job,) = [
+        o for o in objs if o["kind"] == "Job" and o["metadata"]["name"].startswith("dataplane-registration")
+    ]
+    return job
+
+
 def test_registration_job_runs_signaling_register_after_install(fit: list[Obj]) -> None:
-    (job,) = [o for o in fit if o["kind"] == "Job" and o["metadata"]["name"] == "dataplane-registration"]
-    assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+    job = registration_job(fit)
     pod = job["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["command"] == ["signaling", "register"]
@@ -419,7 +437,7 @@ def test_registration_job_runs_signaling_register_after_install(fit: list[Obj]) 
     (account,) = [
         o for o in fit if o["kind"] == "ServiceAccount" and o["metadata"]["name"] == pod["serviceAccountName"]
     ]
-    assert account["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+    assert "helm.sh/hook" not in account["metadata"].get("annotations", {})
     policies = {o["metadata"]["name"] for o in fit if o["kind"] == "NetworkPolicy"}
     assert "dataplane-registration" in policies
     # the variables the Job sets are the ones `signaling register` reads (the proxy variables are
@@ -457,7 +475,7 @@ def test_schema_definitions_match_the_kubernetes_schemas() -> None:
 def test_the_ca_bundle_is_mounted_and_read_by_every_service_and_the_registration_job(fit: list[Obj]) -> None:
     """The corporate CA of `trust.caBundle` reaches DATAPLANE_CA_BUNDLE in every container that
     calls out, as a file of the mounted ConfigMap; `trust.proxy` sets the proxy variables there."""
-    (job,) = [o for o in fit if o["kind"] == "Job" and o["metadata"]["name"] == "dataplane-registration"]
+    job = registration_job(fit)
     pods = {**deployments(fit), "registration": job["spec"]["template"]["spec"]}
     assert set(pods) == {"query-gateway", "signaling", "filter-resolver", "audit-relay", "registration"}
     for name, pod in pods.items():
@@ -504,3 +522,18 @@ def test_a_proxy_variable_set_by_trust_cannot_be_set_again_in_extra_env() -> Non
             trust={"proxy": {"https": "http://proxy.example.org:3128"}},
             **{"global": {"extraEnv": [{"name": "HTTPS_PROXY", "value": "http://other:3128"}]}},
         )
+
+
+def test_an_unreachable_control_plane_cannot_fail_the_release(fit: list[Obj]) -> None:
+    """The registration is no Helm hook (a failed hook fails the release): an ordinary Job that
+    Kubernetes retries, named per revision so an upgrade registers again with a new Job (a Job's
+    template is immutable), removing itself a day after it finished."""
+    job = registration_job(fit)
+    assert "helm.sh/hook" not in job["metadata"].get("annotations", {})
+    assert job["metadata"]["name"] == "dataplane-registration-1"  # revision 1: the install
+    assert (job["spec"]["backoffLimit"], job["spec"]["activeDeadlineSeconds"]) == (12, 3600)
+    assert job["spec"]["ttlSecondsAfterFinished"] == 86400
+    hooks = [o for o in fit if "helm.sh/hook" in o["metadata"].get("annotations", {})]
+    assert all("registration" not in o["metadata"]["name"] for o in hooks)
+    tuned = registration_job(render(FIT, edcRegistration={"backoffLimit": 3, "activeDeadlineSeconds": 600}))
+    assert (tuned["spec"]["backoffLimit"], tuned["spec"]["activeDeadlineSeconds"]) == (3, 600)
