@@ -24,6 +24,7 @@ from dataplane_local.doubles.did_web import DidWebHost, start_did_web_host
 from dataplane_local.stack import PORTS_ENV
 from dataplane_local.timeouts import timeout_factor
 from dataplane_testing.databases import create_database, drop_database
+from dataplane_testing.tls import PROXY_VARIABLES, PrivateCa, private_ca
 
 SERVICE_MODES: dict[str, str] = {}
 
@@ -203,3 +204,19 @@ def unique() -> str:
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if SERVICE_MODES:
         terminalreporter.write_line(f"service modes: {SERVICE_MODES}")
+
+
+@pytest.fixture(scope="session")
+def private_ca_files(tmp_path_factory: pytest.TempPathFactory) -> PrivateCa:
+    """A CA made for this run and a server certificate it signed (dataplane_testing.tls)."""
+    return private_ca(tmp_path_factory.mktemp("private-ca"))
+
+
+@pytest.fixture
+def plain_trust_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No proxy variable and no SSL_CERT_FILE from the machine: a trust or proxy test sets exactly
+    the variables it is about."""
+    for name in PROXY_VARIABLES:
+        for spelling in (name, name.lower()):
+            monkeypatch.delenv(spelling, raising=False)
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)

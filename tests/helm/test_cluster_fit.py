@@ -64,7 +64,23 @@ NEW_VALUES = [
         for w in ("public", "signaling")
         for k in ("enabled", "className", "annotations", "host", "tls")
     ],
-    *[f"edcRegistration.{k}" for k in ("enabled", "url", "spelling", "clientId", "clientSecret", "apiKey")],
+    *[
+        f"edcRegistration.{k}"
+        for k in (
+            "enabled",
+            "url",
+            "spelling",
+            "clientId",
+            "clientSecret",
+            "apiKey",
+            "backoffLimit",
+            "activeDeadlineSeconds",
+        )
+    ],
+    "trust.caBundle.configMap",
+    "trust.caBundle.key",
+    "trust.proxy.https",
+    "trust.proxy.noProxy",
     "grafanaDashboard.enabled",
     "grafanaDashboard.labels",
     "grafanaDashboard.annotations",
@@ -242,8 +258,8 @@ def test_extra_env_volumes_init_containers_and_native_sidecars(fit: list[Obj]) -
         "RATE_LIMIT_BURST": "40",
     }
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-    assert mounts["ca-bundle"] == "/etc/ssl/corporate" and mounts["proxy-config"] == "/etc/db-proxy"
-    assert {"ca-bundle", "proxy-config"} <= {v["name"] for v in gateway["volumes"]}
+    assert mounts["site-config"] == "/etc/site" and mounts["proxy-config"] == "/etc/db-proxy"
+    assert {"site-config", "proxy-config"} <= {v["name"] for v in gateway["volumes"]}
     init = {c["name"]: c for c in gateway["initContainers"]}
     assert "restartPolicy" not in init["wait-for-dns"]
     assert init["db-proxy"]["restartPolicy"] == "Always"  # a native sidecar: up before, down after
@@ -396,9 +412,15 @@ def test_every_setting_is_passed_or_tunable(fit: list[Obj]) -> None:
     assert forgotten == {}
 
 
+def registration_job(objs: list[Obj]) -> Obj:
+    (job,) = [
+        o for o in objs if o["kind"] == "Job" and o["metadata"]["name"].startswith("dataplane-registration")
+    ]
+    return job
+
+
 def test_registration_job_runs_signaling_register_after_install(fit: list[Obj]) -> None:
-    (job,) = [o for o in fit if o["kind"] == "Job" and o["metadata"]["name"] == "dataplane-registration"]
-    assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+    job = registration_job(fit)
     pod = job["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["command"] == ["signaling", "register"]
@@ -415,14 +437,15 @@ def test_registration_job_runs_signaling_register_after_install(fit: list[Obj]) 
     (account,) = [
         o for o in fit if o["kind"] == "ServiceAccount" and o["metadata"]["name"] == pod["serviceAccountName"]
     ]
-    assert account["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+    assert "helm.sh/hook" not in account["metadata"].get("annotations", {})
     policies = {o["metadata"]["name"] for o in fit if o["kind"] == "NetworkPolicy"}
     assert "dataplane-registration" in policies
-    # the variables the Job sets are the ones `signaling register` reads
+    # the variables the Job sets are the ones `signaling register` reads (the proxy variables are
+    # httpx's, read through trust_env)
     from signaling.register import RegisterSettings
 
     readable = {n.upper() for n in RegisterSettings.model_fields}
-    assert set(env) - {"LOG_LEVEL"} <= readable
+    assert set(env) - {"LOG_LEVEL", "HTTPS_PROXY", "NO_PROXY"} <= readable
 
 
 def test_registration_refusals() -> None:
@@ -447,3 +470,70 @@ def test_schema_definitions_match_the_kubernetes_schemas() -> None:
         check=False,
     )
     assert run.returncode == 0, run.stderr
+
+
+def test_the_ca_bundle_is_mounted_and_read_by_every_service_and_the_registration_job(fit: list[Obj]) -> None:
+    """The corporate CA of `trust.caBundle` reaches DATAPLANE_CA_BUNDLE in every container that
+    calls out, as a file of the mounted ConfigMap; `trust.proxy` sets the proxy variables there."""
+    job = registration_job(fit)
+    pods = {**deployments(fit), "registration": job["spec"]["template"]["spec"]}
+    assert set(pods) == {"query-gateway", "signaling", "filter-resolver", "audit-relay", "registration"}
+    for name, pod in pods.items():
+        (container,) = [c for c in pod["containers"] if c["name"] in (name, "register")]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["DATAPLANE_CA_BUNDLE"] == "/etc/ssl/dataplane/ca-bundle.pem", name
+        assert env["HTTPS_PROXY"] == "http://proxy.example.org:3128", name
+        assert env["NO_PROXY"] == ".svc.cluster.local,.cluster.local,10.0.0.0/8", name
+        assert "HTTP_PROXY" not in env, name  # not set in the values: not passed
+        mounts = {m["name"]: m for m in container["volumeMounts"]}
+        assert mounts["ca-bundle"] == {
+            "name": "ca-bundle",
+            "mountPath": "/etc/ssl/dataplane",
+            "readOnly": True,
+        }
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["ca-bundle"]["configMap"] == {
+            "name": "corporate-ca",
+            "items": [{"key": "ca.crt", "path": "ca-bundle.pem"}],
+        }, name
+
+
+def test_a_ca_bundle_from_a_secret_and_none_by_default() -> None:
+    from_secret = deployments(render(trust={"caBundle": {"secret": "corporate-ca", "key": "bundle.pem"}}))
+    for name, pod in from_secret.items():
+        env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+        assert env["DATAPLANE_CA_BUNDLE"] == "/etc/ssl/dataplane/ca-bundle.pem", name
+        (volume,) = [v for v in pod["volumes"] if v["name"] == "ca-bundle"]
+        assert volume["secret"] == {
+            "secretName": "corporate-ca",
+            "items": [{"key": "bundle.pem", "path": "ca-bundle.pem"}],
+        }
+    for name, pod in deployments(render()).items():
+        env = {e["name"] for e in pod["containers"][0]["env"]}
+        assert not env & {"DATAPLANE_CA_BUNDLE", "HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY"}, name
+        assert "ca-bundle" not in {v["name"] for v in pod["volumes"]}, name
+    with pytest.raises(chart.ChartError, match="configMap or secret, not both"):
+        render(trust={"caBundle": {"secret": "a", "configMap": "b"}})
+
+
+def test_a_proxy_variable_set_by_trust_cannot_be_set_again_in_extra_env() -> None:
+    with pytest.raises(chart.ChartError, match="HTTPS_PROXY is already set"):
+        render(
+            trust={"proxy": {"https": "http://proxy.example.org:3128"}},
+            **{"global": {"extraEnv": [{"name": "HTTPS_PROXY", "value": "http://other:3128"}]}},
+        )
+
+
+def test_an_unreachable_control_plane_cannot_fail_the_release(fit: list[Obj]) -> None:
+    """The registration is no Helm hook (a failed hook fails the release): an ordinary Job that
+    Kubernetes retries, named per revision so an upgrade registers again with a new Job (a Job's
+    template is immutable), removing itself a day after it finished."""
+    job = registration_job(fit)
+    assert "helm.sh/hook" not in job["metadata"].get("annotations", {})
+    assert job["metadata"]["name"] == "dataplane-registration-1"  # revision 1: the install
+    assert (job["spec"]["backoffLimit"], job["spec"]["activeDeadlineSeconds"]) == (12, 3600)
+    assert job["spec"]["ttlSecondsAfterFinished"] == 86400
+    hooks = [o for o in fit if "helm.sh/hook" in o["metadata"].get("annotations", {})]
+    assert all("registration" not in o["metadata"]["name"] for o in hooks)
+    tuned = registration_job(render(FIT, edcRegistration={"backoffLimit": 3, "activeDeadlineSeconds": 600}))
+    assert (tuned["spec"]["backoffLimit"], tuned["spec"]["activeDeadlineSeconds"]) == (3, 600)

@@ -5,9 +5,11 @@ field refused by name, a clamped `limit` signalled by `X-Limit-Clamped`."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import httpx
+import pytest
 
 from dataplane_testing.gateway import AGREEMENT, CATALOGUE, World, running_gateway
 
@@ -56,6 +58,18 @@ async def test_qe01_every_401_carries_a_bearer_challenge(client: httpx.AsyncClie
         headers={"Authorization": "Bearer junk", "Edc-Contract-Agreement-Id": AGREEMENT},
     )
     assert edr.status_code == 401 and edr.headers["www-authenticate"].startswith("Bearer")
+
+
+async def test_qe01_basic_credentials_get_the_challenge_of_no_bearer_without_an_error_code(
+    client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """RFC 6750, 3.1: a request that carries no bearer (here another scheme) is answered with a
+    bare `Bearer` challenge; `error="invalid_token"` is for a bearer that was sent and refused."""
+    caplog.set_level(logging.INFO)
+    r = await client.post("/query", json={"sql": STATS}, headers={"Authorization": "Basic dXNlcjpwYXNz"})
+    assert (r.status_code, r.json()["error"]) == (401, "auth_required")
+    assert r.headers["www-authenticate"] == "Bearer"
+    assert "dXNlcjpwYXNz" not in caplog.text and "dXNlcjpwYXNz" not in r.text
 
 
 async def test_qe01_without_a_bearer_authentication_comes_before_the_statement(

@@ -189,3 +189,33 @@ def test_without_an_exporter_only_sampled_traces_are_recorded(
     lines = done.stdout.split("\n")
     assert f"root {root_recorded} True" in lines  # a trace id either way
     assert "sampled-parent True" in lines
+
+
+async def test_sql_spans_get_a_stable_name_and_the_pre_ping_is_not_named_semicolon(postgres_url: str) -> None:
+    """SQLAlchemy's asyncpg pre-ping sends `;`, which the asyncpg instrumentation named `;`; with
+    the service kit's processor a statement's span is its SQL word, or `postgresql`."""
+    import asyncpg
+    from opentelemetry.instrumentation.asyncpg import AsyncPGInstrumentor
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from dataplane_service_kit.telemetry import SqlSpanNames
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SqlSpanNames())
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    instrumentor = AsyncPGInstrumentor()
+    instrumentor.instrument(tracer_provider=provider)  # type: ignore[no-untyped-call]
+    try:
+        conn = await asyncpg.connect(postgres_url)
+        try:
+            await conn.fetchrow(";")
+            await conn.fetchval("SELECT 1")
+            await conn.fetchval("/* a comment */ select 2")
+        finally:
+            await conn.close()
+    finally:
+        instrumentor.uninstrument()  # type: ignore[no-untyped-call]
+    assert [s.name for s in exporter.get_finished_spans()] == ["postgresql", "SELECT", "SELECT"]

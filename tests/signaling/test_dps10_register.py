@@ -65,12 +65,12 @@ def test_dps10_register_sends_rc2_and_rc3_lists_and_the_authorization_profile(
     assert "registered data plane 'dataplane-7'" in run.stdout
     (reg,) = cp.registrations
     assert reg.path == "/api/management/v4/dataplanes"
-    types = ["HttpData-PULL", "https://w3id.org/dspace-sig/profile/http-pull"]
+    # each release's field holds its own values: RC2 the names, RC3 the profile URIs
     assert reg.body == {
         "dataplaneId": "dataplane-7",
         "endpoint": "https://dataplane.example.org/signaling/dps/v1/dataflows",
-        "transferTypes": types,
-        "profiles": types,
+        "transferTypes": ["HttpData-PULL"],
+        "profiles": ["https://w3id.org/dspace-sig/profile/http-pull"],
         "labels": ["sql", "eu"],
         "authorization": [
             {
@@ -108,6 +108,17 @@ def test_dps10_register_speaks_one_rc_when_told(
     (reg,) = cp.registrations
     assert present in reg.body and absent not in reg.body
     assert reg.api_key == API_KEY and reg.authorization is None
+
+
+def test_dps10_register_refuses_a_spelling_with_nothing_of_its_release_to_send(
+    issuer: OidcIssuer, control_plane: tuple[ControlPlaneDouble, str]
+) -> None:
+    cp, url = control_plane
+    env = _env(issuer, url, EDC_REGISTRATION_SPELLING="rc3", DPS_TRANSFER_TYPES="HttpData-PULL")
+    run = _register(env)
+    assert run.returncode == 2
+    assert "EDC_REGISTRATION_SPELLING=rc3 has nothing to send" in run.stderr
+    assert cp.registrations == []
 
 
 def test_dps10_register_a_refusal_fails_the_job_without_echoing_secrets(

@@ -55,15 +55,14 @@ async def test_http_pull_start_answers_the_profile_address(
     assert address["endpointType"] == PROFILE
     assert address["endpoint"] == "https://gateway.example/dps/public"
     props = props_of(body)
+    # the endpoint is the address's own, not repeated among the properties
     assert set(props) == {
-        "endpoint",
         "authType",
         "authorization",
         "refreshToken",
         "expiresIn",
         "refreshEndpoint",
     }
-    assert props["endpoint"] == "https://gateway.example/dps/public"
     assert props["authType"] == "bearer"
     assert props["expiresIn"] == "120" and props["expiresIn"].isdigit()
     assert props["refreshEndpoint"] == "https://signaling.example/dps/token"

@@ -27,6 +27,8 @@ Call: include "dataplane.env" (dict "root" $ "s" $s)
 - name: OTEL_EXPORTER_OTLP_PROTOCOL
   value: {{ $v.otel.protocol | quote }}
 {{- end }}
+{{- /* in the managed list, so `env`/`extraEnv` cannot set these a second time */}}
+{{- include "dataplane.trust.env" .root }}
 {{- end -}}
 
 {{- define "dataplane.env.kafka" -}}

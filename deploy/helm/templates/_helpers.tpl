@@ -26,6 +26,54 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace 
 What each service's code fixes, so it is not a value: the configuration groups it reads, whether it
 serves the catalogue, the consumer group and topic KEDA watches, and the egress targets it uses.
 */}}
+{{/*
+The outbound trust store and proxies (values `trust`, docs/configuration.md "Trust store and
+proxies"), for every container that calls out: the services and the registration Job.
+*/}}
+{{- define "dataplane.trust.path" -}}/etc/ssl/dataplane/ca-bundle.pem{{- end -}}
+
+{{- define "dataplane.trust.env" -}}
+{{- $t := .Values.trust }}
+{{- if and $t.caBundle.configMap $t.caBundle.secret }}
+{{- fail "trust.caBundle: set configMap or secret, not both" }}
+{{- end }}
+{{- if or $t.caBundle.configMap $t.caBundle.secret }}
+- name: DATAPLANE_CA_BUNDLE
+  value: {{ include "dataplane.trust.path" . | quote }}
+{{- end }}
+{{- range $env, $key := dict "HTTPS_PROXY" "https" "HTTP_PROXY" "http" "NO_PROXY" "noProxy" }}
+{{- with index $t.proxy $key }}
+- name: {{ $env }}
+  value: {{ . | quote }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "dataplane.trust.mount" -}}
+{{- $b := .Values.trust.caBundle }}
+{{- if or $b.configMap $b.secret }}
+- name: ca-bundle
+  mountPath: {{ include "dataplane.trust.path" . | dir }}
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "dataplane.trust.volume" -}}
+{{- $b := .Values.trust.caBundle }}
+{{- $items := list (dict "key" $b.key "path" (include "dataplane.trust.path" . | base)) }}
+{{- if $b.configMap }}
+- name: ca-bundle
+  configMap:
+    name: {{ $b.configMap | quote }}
+    items: {{ $items | toJson }}
+{{- else if $b.secret }}
+- name: ca-bundle
+  secret:
+    secretName: {{ $b.secret | quote }}
+    items: {{ $items | toJson }}
+{{- end }}
+{{- end -}}
+
 {{- define "dataplane.wiring" -}}
 query-gateway:
   http: true

@@ -158,10 +158,11 @@ def http_pull_data_address(
     public_url: str, access_token: str, refresh_token: str, expires_in: int, refresh_endpoint: str
 ) -> DataAddress:
     """The http-pull profile's address: plain property names, bearer auth, the renewal properties
-    (`expiresIn` in seconds, digits only)."""
+    (`expiresIn` in seconds, digits only). The endpoint is the address's own `endpoint` only: the
+    profile has no `endpoint` property (issue 33), unlike the EDC-namespaced address of DPS-05,
+    whose properties repeat it by that clause."""
     endpoint = public_url.rstrip("/") + PULL_PATH
     props = {
-        "endpoint": endpoint,
         "authType": "bearer",
         "authorization": access_token,
         "refreshToken": refresh_token,

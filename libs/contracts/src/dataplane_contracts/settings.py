@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import json
+import ssl
 from typing import Any
 
-from pydantic import AnyHttpUrl, Field, SecretStr, field_validator
+from pydantic import AnyHttpUrl, Field, FilePath, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # hide_input_in_errors: a refused variable may be a secret; its value never reaches an error text
@@ -96,6 +97,28 @@ class OidcSettings(BaseSettings):
     def oidc_token_url(self) -> str | None:
         issuer = self.oidc_issuer()
         return f"{issuer}/protocol/openid-connect/token" if issuer else None
+
+
+class OutboundTlsSettings(BaseSettings):
+    """The trust store of every outbound TLS client (docs/configuration.md, "Trust store and
+    proxies"): the system store, plus the CA certificates of this PEM file when it is set."""
+
+    model_config = BASE_CONFIG
+    dataplane_ca_bundle: FilePath | None = None
+
+    @field_validator("dataplane_ca_bundle")
+    @classmethod
+    def _holds_certificates(cls, v: FilePath | None) -> FilePath | None:
+        # read at start-up, so a bundle that is not PEM stops the service with the variable's name
+        # instead of failing every later TLS handshake
+        if v is not None:
+            try:
+                ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=str(v))
+            except (ssl.SSLError, OSError) as exc:
+                raise ValueError(
+                    f"not a readable PEM file of CA certificates ({type(exc).__name__})"
+                ) from None
+        return v
 
 
 class ConnectorSettings(BaseSettings):

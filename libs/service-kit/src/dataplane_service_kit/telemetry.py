@@ -25,8 +25,10 @@ from dataclasses import dataclass
 from fastapi import FastAPI
 from fastapi.telemetry import TelemetryConfig
 from opentelemetry import propagate, trace
+from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import Span as SdkSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, Sampler
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
@@ -106,12 +108,41 @@ def setup_telemetry(service_name: str, environ: Mapping[str, str] | None = None)
         return
     resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME") or service_name})
     provider = TracerProvider(resource=resource, sampler=_default_sampler(plan, env))
+    provider.add_span_processor(SqlSpanNames())  # first: the exporter reads the name at the end
     if plan.export:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
     _instrument_libraries()
+
+
+# the span name of a statement that opens with no SQL word: the database system, as the database
+# semantic conventions name a span when there is no operation to name
+SQL_FALLBACK_SPAN_NAME = "postgresql"
+_ASYNCPG_SCOPE = "opentelemetry.instrumentation.asyncpg"
+
+
+def sql_span_name(name: str) -> str:
+    """The asyncpg instrumentation names a span after the statement's first whitespace-separated
+    token, so SQLAlchemy's pool pre-ping (the statement `;`) made a span named `;`, and `select`
+    and `SELECT` two names. An SQL word (SELECT, SET, BEGIN) is the name in upper case; anything
+    else is the fallback name."""
+    return name.upper() if name.isalpha() else SQL_FALLBACK_SPAN_NAME
+
+
+class SqlSpanNames(SpanProcessor):
+    """Gives every asyncpg span a stable name (`sql_span_name`) as it starts."""
+
+    def on_start(self, span: SdkSpan, parent_context: Context | None = None) -> None:
+        scope = span.instrumentation_scope
+        if scope is not None and scope.name.startswith(_ASYNCPG_SCOPE):
+            renamed = sql_span_name(span.name)
+            if renamed != span.name:
+                span.update_name(renamed)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        return None
 
 
 def _default_sampler(plan: TracingPlan, env: Mapping[str, str]) -> Sampler | None:

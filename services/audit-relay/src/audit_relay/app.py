@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable
 
-import httpx
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from fastapi import FastAPI
 
@@ -19,6 +18,7 @@ from audit_relay.settings import Settings
 from dataplane_service_kit.health import health_router
 from dataplane_service_kit.logs import get_logger
 from dataplane_service_kit.oauth import ClientCredentialsToken
+from dataplane_service_kit.outbound_tls import outbound_http, settings_ssl_context
 from dataplane_service_kit.telemetry import FASTAPI_TELEMETRY
 
 log = get_logger(__name__)
@@ -53,10 +53,12 @@ def create_app(settings: Settings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # the issuer's client; ds gets a pool per connector (ConnectorPools)
-        client = httpx.AsyncClient(timeout=settings.audit_relay_http_timeout_s, follow_redirects=False)
+        tls = settings_ssl_context(settings)
+        client = outbound_http(tls, timeout=settings.audit_relay_http_timeout_s, follow_redirects=False)
         pools = ConnectorPools(
             max_in_flight=settings.audit_relay_max_in_flight_per_connector,
             timeout_s=settings.audit_relay_http_timeout_s,
+            tls=tls,
         )
         secret = settings.celine_oidc_client_secret
         token = ClientCredentialsToken(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import ssl
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -102,7 +103,8 @@ class ConnectorPools:
     # before ds does and a post rarely meets a connection the server has just closed
     KEEPALIVE_S = 4.0
 
-    def __init__(self, *, max_in_flight: int, timeout_s: float) -> None:
+    def __init__(self, *, max_in_flight: int, timeout_s: float, tls: ssl.SSLContext | None = None) -> None:
+        self._tls = tls  # one trust store for every pool (dataplane_service_kit.outbound_tls)
         self._max_in_flight = max_in_flight
         self._timeout_s = timeout_s
         self._gates: dict[str, asyncio.Semaphore] = {}
@@ -118,7 +120,7 @@ class ConnectorPools:
     def _pool(self, connector: str) -> Http1Pool:
         pool = self._pools.get(connector)
         if pool is None:
-            pool = self._pools[connector] = Http1Pool(connector, keepalive_s=self.KEEPALIVE_S)
+            pool = self._pools[connector] = Http1Pool(connector, keepalive_s=self.KEEPALIVE_S, tls=self._tls)
         return pool
 
     def _target(self, url: str) -> str:

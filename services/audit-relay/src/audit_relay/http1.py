@@ -6,8 +6,13 @@ Why not a general client: one post per disclosure is the relay's whole job, and 
 request machinery (URL objects, header multidicts, request and response objects, timers, payload
 writers) was a third of the relay's CPU per event, more than building the request and parsing the
 answer need. Here a request is one bytes string written to the transport, and llhttp (httptools,
-the parser uvicorn serves with) reads the answer. No redirects, cookies, proxies or compression:
-the relay wants none of them. TLS for an `https` connector, with the system's trust store."""
+the parser uvicorn serves with) reads the answer. No redirects, cookies or compression: the relay
+wants none of them. TLS for an `https` connector on the one outbound trust store
+(dataplane_service_kit.outbound_tls). A forward proxy named by HTTPS_PROXY / HTTP_PROXY /
+ALL_PROXY, unless NO_PROXY matches the connector's host, is used as httpx uses it: an `https`
+connector through a CONNECT tunnel (TLS end to end, the proxy sees only the host and port), an
+`http` one by absolute-form requests sent to the proxy (docs/configuration.md, "Trust store and
+proxies")."""
 
 from __future__ import annotations
 
@@ -21,7 +26,11 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from dataplane_service_kit.outbound_tls import Proxy, outbound_ssl_context, proxy_for
+
 _FORBIDDEN = ("\r", "\n", "\0")
+# a proxy's answer to CONNECT is a status line and a few headers; more than this is not one
+_TUNNEL_ANSWER_MAX = 16_384
 
 
 class Unanswered(Exception):
@@ -35,6 +44,8 @@ class _Answer:
         self.retry_after: str | None = None
         self.headers_done = False
         self.complete = False
+        self.keep_alive = False
+        self.parser: httptools.HttpResponseParser | None = None
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if name.lower() == b"retry-after":
@@ -45,6 +56,39 @@ class _Answer:
 
     def on_message_complete(self) -> None:
         self.complete = True
+        # read here: once feed_data returns, llhttp has reset for the next message and
+        # should_keep_alive() answers False, which closed every connection after one post
+        self.keep_alive = self.parser is not None and self.parser.should_keep_alive()
+
+
+class _Tunnel(asyncio.Protocol):
+    """A proxy's answer to CONNECT: its status, once the header block has arrived. The proxy must
+    not send more before the client's TLS hello, so bytes past the headers are a broken tunnel."""
+
+    def __init__(self) -> None:
+        self.status: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._buffer = b""
+
+    def data_received(self, data: bytes) -> None:
+        if self.status.done():
+            return
+        self._buffer += data
+        end = self._buffer.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self._buffer) > _TUNNEL_ANSWER_MAX:
+                self.status.set_exception(Unanswered("proxy answer too long"))
+            return
+        fields = self._buffer.split(b"\r\n", 1)[0].split(b" ", 2)
+        if len(fields) < 2 or not fields[0].startswith(b"HTTP/1.") or not fields[1].isdigit():
+            self.status.set_exception(Unanswered("proxy answer unreadable"))
+        elif end + 4 != len(self._buffer):
+            self.status.set_exception(Unanswered("proxy spoke before the tunnel's TLS"))
+        else:
+            self.status.set_result(int(fields[1]))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.status.done():
+            self.status.set_exception(Unanswered(type(exc).__name__ if exc else "proxy closed"))
 
 
 class _Connection(asyncio.Protocol):
@@ -56,7 +100,7 @@ class _Connection(asyncio.Protocol):
         self.idle_since = time.monotonic()
         self._waiter: asyncio.Future[tuple[int, str | None, bool]] | None = None
         self._answer = _Answer()
-        self._parser = httptools.HttpResponseParser(self._answer)
+        self._parser = self._answer.parser = httptools.HttpResponseParser(self._answer)
         self.received = False  # any byte of the current request's answer
 
     # -- asyncio.Protocol -----------------------------------------------------------------------
@@ -83,7 +127,7 @@ class _Connection(asyncio.Protocol):
         if status < 200:  # an interim answer (100 Continue): the real one follows
             self._answer.retry_after, answer.complete, answer.headers_done = None, False, False
             return
-        waiter.set_result((status, answer.retry_after, self._parser.should_keep_alive()))
+        waiter.set_result((status, answer.retry_after, answer.keep_alive))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -100,7 +144,7 @@ class _Connection(asyncio.Protocol):
         """Send the request; its answer's status, Retry-After and whether the connection stays."""
         assert self.transport is not None
         self._answer = _Answer()
-        self._parser = httptools.HttpResponseParser(self._answer)
+        self._parser = self._answer.parser = httptools.HttpResponseParser(self._answer)
         self.received = False
         self._waiter = asyncio.get_running_loop().create_future()
         self.transport.write(request)
@@ -119,7 +163,7 @@ class Http1Pool:
     """Keep-alive connections to one origin. The caller bounds how many posts run at once (the
     relay's per-connector gate), and so how many connections there are."""
 
-    def __init__(self, base_url: str, *, keepalive_s: float) -> None:
+    def __init__(self, base_url: str, *, keepalive_s: float, tls: ssl.SSLContext | None = None) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("a connector URL must be http(s)://host[:port][/path]")
@@ -129,8 +173,11 @@ class Http1Pool:
         default_port = parts.port is None or parts.port == (443 if self._tls else 80)
         name = f"[{self._host}]" if ":" in self._host else self._host
         self._host_header = name if default_port else f"{name}:{self._port}"
+        self._authority = f"{name}:{self._port}"
         self._keepalive_s = keepalive_s
-        self._ssl = ssl.create_default_context() if self._tls else None
+        self._ssl = (tls or outbound_ssl_context()) if self._tls else None
+        # read once per pool, as httpx reads the variables once per client
+        self._proxy: Proxy | None = proxy_for(parts.scheme, self._host)
         self._idle: deque[_Connection] = deque()
         self._busy: set[_Connection] = set()
 
@@ -165,7 +212,13 @@ class Http1Pool:
         return status, retry_after
 
     def _request(self, target: str, body: bytes, headers: Mapping[str, str]) -> bytes:
+        proxy = self._proxy
+        if proxy is not None and not self._tls:
+            # forwarded by the proxy: the absolute form names the origin (RFC 9112, 3.2.2)
+            target = f"http://{self._host_header}{target}"
         lines = [f"POST {target} HTTP/1.1", f"Host: {self._host_header}", f"Content-Length: {len(body)}"]
+        if proxy is not None and not self._tls and proxy.authorization:
+            lines.append(f"Proxy-Authorization: {proxy.authorization}")
         lines += [f"{name}: {value}" for name, value in headers.items()]
         if any(c in line for line in lines for c in _FORBIDDEN):
             # a line break in a header value would smuggle headers in: refused, never sent
@@ -193,13 +246,40 @@ class Http1Pool:
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
+        proxy = self._proxy
+        if proxy is not None and self._ssl is not None:
+            return await self._tunnel(proxy, self._ssl)
+        host, port = (proxy.host, proxy.port) if proxy is not None else (self._host, self._port)
         _, conn = await loop.create_connection(
             _Connection,
-            self._host,
-            self._port,
+            host,
+            port,
             ssl=self._ssl,
             server_hostname=self._host if self._tls else None,
         )
+        return conn
+
+    async def _tunnel(self, proxy: Proxy, tls: ssl.SSLContext) -> _Connection:
+        """CONNECT through the proxy, then TLS with the connector over the tunnel: the
+        certificate checked is the connector's, for its own host name."""
+        loop = asyncio.get_running_loop()
+        transport, tunnel = await loop.create_connection(_Tunnel, proxy.host, proxy.port)
+        lines = [f"CONNECT {self._authority} HTTP/1.1", f"Host: {self._authority}"]
+        if proxy.authorization:
+            lines.append(f"Proxy-Authorization: {proxy.authorization}")
+        try:
+            transport.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+            status = await tunnel.status
+            if status != 200:
+                raise Unanswered(f"proxy answered {status} to CONNECT")
+            conn = _Connection()
+            secured = await loop.start_tls(transport, conn, tls, server_hostname=self._host)
+        except BaseException:
+            transport.close()
+            raise
+        if secured is None:  # the loop's transport closed under the handshake
+            raise Unanswered("closed")
+        conn.connection_made(secured)
         return conn
 
     def close(self) -> None:

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from dataplane_contracts.settings import ConnectorSettings, HttpSettings, KafkaSettings, OidcSettings
+from dataplane_contracts.settings import (
+    ConnectorSettings,
+    HttpSettings,
+    KafkaSettings,
+    OidcSettings,
+    OutboundTlsSettings,
+)
 from dataplane_contracts.topics import AUDIT_DISCLOSURES, AUDIT_DISCLOSURES_DLQ
+from dataplane_service_kit.outbound_tls import proxy_for
 
 
-class Settings(HttpSettings, KafkaSettings, OidcSettings, ConnectorSettings):
+class Settings(HttpSettings, KafkaSettings, OidcSettings, ConnectorSettings, OutboundTlsSettings):
     http_port: int = Field(default=8003, ge=1, le=65535)
 
     # The topics and group default to the contracts' names; overriding them lets a test (or a
@@ -61,6 +68,11 @@ class Settings(HttpSettings, KafkaSettings, OidcSettings, ConnectorSettings):
                 raise ValueError("CELINE_OIDC_BASE_URL is required with CELINE_OIDC_CLIENT_ID")
             if self.celine_oidc_client_secret is None:
                 raise ValueError("CELINE_OIDC_CLIENT_SECRET is required with CELINE_OIDC_CLIENT_ID")
+        for url in [self.connector_internal_url, *self.connector_internal_urls.values()]:
+            # the relay's own client takes only an http:// proxy (audit_relay.http1): any other
+            # proxy variable for a connector's scheme stops the start rather than every post
+            if url is not None and url.host:
+                proxy_for(url.scheme, url.host)
         if self.audit_relay_backoff_max_s < self.audit_relay_backoff_initial_s:
             raise ValueError("AUDIT_RELAY_BACKOFF_MAX_S must not be below AUDIT_RELAY_BACKOFF_INITIAL_S")
         if self.audit_relay_max_buffered_per_partition < self.audit_relay_max_in_flight_per_partition:

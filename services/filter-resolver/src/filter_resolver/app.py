@@ -20,6 +20,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from dataplane_service_kit.health import ReadinessCheck, health_router
 from dataplane_service_kit.logs import get_logger
+from dataplane_service_kit.outbound_tls import outbound_http, settings_ssl_context
 from dataplane_service_kit.readiness import BrokerMetadata, CachedProbe
 from dataplane_service_kit.telemetry import FASTAPI_TELEMETRY
 from filter_resolver.consumer import PlanRequestConsumer
@@ -134,8 +135,10 @@ def open_runtime(settings: Settings, metrics: Metrics, plugins: list[PluginHandl
         # a dropped connection is tried once more; a timeout is not (its bound is the bound)
         retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
     )
-    http = httpx.AsyncClient(
-        follow_redirects=False, limits=httpx.Limits(keepalive_expiry=REGISTRY_KEEPALIVE_EXPIRY_S)
+    # one trust store for the registry, the issuer, list endpoints and the registry SDK's clients
+    tls = settings_ssl_context(settings)
+    http = outbound_http(
+        tls, follow_redirects=False, limits=httpx.Limits(keepalive_expiry=REGISTRY_KEEPALIVE_EXPIRY_S)
     )
     db_url = settings.datasets_database_url
     pool = DatasetsPool(db_url.get_secret_value() if db_url else None)
@@ -150,7 +153,7 @@ def open_runtime(settings: Settings, metrics: Metrics, plugins: list[PluginHandl
     )
     registry = HandlerRegistry()
     timeout = settings.rec_registry_timeout_seconds
-    registry.add(RecRegistryHandler(http, credentials, settings.rec_registry_url, timeout))
+    registry.add(RecRegistryHandler(http, credentials, settings.rec_registry_url, timeout, tls))
     registry.add(HttpInListHandler(http))
     registry.add(TablePointerHandler(pool.get))
     registry.extend(plugins)

@@ -13,6 +13,7 @@ from dataplane_contracts.settings import (
     HttpSettings,
     KafkaSettings,
     OidcSettings,
+    OutboundTlsSettings,
     PlanCacheSettings,
     RedisSettings,
 )
@@ -21,7 +22,9 @@ from dataplane_contracts.topics import PLAN_REQUESTS
 GROUP_ID = "dataplane-filter-resolver"
 
 
-class Settings(HttpSettings, KafkaSettings, RedisSettings, PlanCacheSettings, OidcSettings):
+class Settings(
+    HttpSettings, KafkaSettings, RedisSettings, PlanCacheSettings, OidcSettings, OutboundTlsSettings
+):
     http_port: int = Field(default=8002, ge=1, le=65535)
 
     rec_registry_url: str = "http://api.celine.localhost/rec-registry"

@@ -107,6 +107,10 @@ async def token_check(ctx: AccessContext, check: Awaitable[T]) -> T:
 async def _verify_oidc(gw: Gateway, authorization: str) -> Caller:
     token = bearer(authorization)
     if token is None:
+        if authorization.strip().partition(" ")[0].lower() != "bearer":
+            # another scheme (Basic, say) is no bearer at all: RFC 6750, 3.1 answers a request
+            # without one with a bare `Bearer` challenge, not `error="invalid_token"`
+            raise ServiceError("auth_required", "this API takes a Bearer token, not another scheme")
         raise ServiceError("invalid_token", "bearer token is not valid")
     return await gw.oidc.verify(token)
 

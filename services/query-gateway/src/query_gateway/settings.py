@@ -15,6 +15,7 @@ from dataplane_contracts.settings import (
     HttpSettings,
     KafkaSettings,
     OidcSettings,
+    OutboundTlsSettings,
     PlanCacheSettings,
     RedisSettings,
 )
@@ -23,7 +24,13 @@ PLATFORM_ADMIN_ROLE = "platform-admin"
 
 
 class Settings(
-    HttpSettings, KafkaSettings, RedisSettings, PlanCacheSettings, OidcSettings, ConnectorSettings
+    HttpSettings,
+    KafkaSettings,
+    RedisSettings,
+    PlanCacheSettings,
+    OidcSettings,
+    ConnectorSettings,
+    OutboundTlsSettings,
 ):
     catalogue_path: str = Field(min_length=1)
     datasets_database_url: str = Field(min_length=1)

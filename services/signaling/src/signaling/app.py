@@ -6,7 +6,6 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
 import asyncpg
-import httpx
 from aiokafka import AIOKafkaProducer
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -24,6 +23,7 @@ from dataplane_service_kit.limits import BodyLimit
 from dataplane_service_kit.logs import get_logger
 from dataplane_service_kit.oauth import ClientCredentialsToken
 from dataplane_service_kit.openapi import distribution_version, openapi_document
+from dataplane_service_kit.outbound_tls import outbound_http
 from dataplane_service_kit.request_durations import RequestDurations
 from dataplane_service_kit.request_ids import RequestIds
 from dataplane_service_kit.telemetry import FASTAPI_TELEMETRY
@@ -136,7 +136,7 @@ def _lifespan(settings: Settings, metrics: Metrics):  # type: ignore[no-untyped-
             log.error("startup_refused", reason=str(exc))
             await engine.dispose()
             raise
-        http = httpx.AsyncClient(timeout=settings.callback_timeout_seconds)
+        http = outbound_http(settings, timeout=settings.callback_timeout_seconds)
         producer = AIOKafkaProducer(
             bootstrap_servers=settings.kafka_bootstrap_servers,
             acks="all",

@@ -3,7 +3,8 @@
 The service itself never registers (docs/dps.md, DPS-10); an operator, or the chart's
 registration Job, runs this once per release. It builds the registration body from the same
 variables the service reads — `DPS_DATAPLANE_ID`, the signalling endpoint under
-`DPS_SIGNALING_URL`, `DPS_TRANSFER_TYPES` (sent as RC2 `transferTypes`, RC3 `profiles`, or both),
+`DPS_SIGNALING_URL`, `DPS_TRANSFER_TYPES` (split: RC2 `transferTypes` holds the RC2 names such as
+`HttpData-PULL`, RC3 `profiles` the profile URIs, docs/edc.md),
 `DPS_LABELS` — and adds the authorization profile the control plane will use to call us: an
 `oauth2_client_credentials` entry with our issuer's token endpoint and key set and the client the
 control plane signs in as. That client must be one signaling admits (`DPS_CONTROL_PLANE_CLIENTS`),
@@ -17,14 +18,16 @@ The client secret travels only in that body: it is never printed or logged."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import httpx
 from pydantic import AnyHttpUrl, Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from dataplane_contracts.dps import SIGNALING_PATH
-from dataplane_contracts.settings import BASE_CONFIG, OidcSettings
+from dataplane_contracts.dps import SIGNALING_PATH, canonical_transfer_type
+from dataplane_contracts.settings import BASE_CONFIG, OidcSettings, OutboundTlsSettings
+from dataplane_service_kit.outbound_tls import outbound_http_sync
 from dataplane_service_kit.settings import load_settings
 from signaling.settings import DpsIdentitySettings
 
@@ -32,7 +35,7 @@ Spelling = Literal["rc2", "rc3", "both"]
 AUTH_PROFILE = "oauth2_client_credentials"
 
 
-class RegisterSettings(OidcSettings, DpsIdentitySettings):
+class RegisterSettings(OidcSettings, DpsIdentitySettings, OutboundTlsSettings):
     """What `signaling register` reads. No database or broker: the Job needs neither."""
 
     model_config = SettingsConfigDict(**BASE_CONFIG, validate_default=True)
@@ -56,6 +59,18 @@ class RegisterSettings(OidcSettings, DpsIdentitySettings):
                 "DPS_REGISTRATION_CLIENT_ID must be one of DPS_CONTROL_PLANE_CLIENTS "
                 "(signaling refuses every other client)"
             )
+        rc2, rc3 = split_transfer_types(self.dps_transfer_types)
+        wanted = {"rc2": rc2, "rc3": rc3, "both": rc2 + rc3}[self.edc_registration_spelling]
+        if not wanted:
+            raise ValueError(
+                f"EDC_REGISTRATION_SPELLING={self.edc_registration_spelling} has nothing to send: "
+                "DPS_TRANSFER_TYPES holds no "
+                + (
+                    "RC2 name (HttpData-PULL)"
+                    if self.edc_registration_spelling == "rc2"
+                    else "RC3 profile (http-pull)"
+                )
+            )
         if self.oidc_token_url() is None:
             raise ValueError("CELINE_OIDC_BASE_URL is required (the profile's token endpoint and key set)")
         if not self.edc_registration_allow_http:
@@ -72,17 +87,32 @@ class RegisterSettings(OidcSettings, DpsIdentitySettings):
         return self
 
 
+def split_transfer_types(types: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(RC2 transfer types, RC3 profiles) of DPS_TRANSFER_TYPES. RC3 renamed the list and made its
+    values profile URIs (`https://w3id.org/dspace-sig/profile/http-pull`; `http-pull` is read as
+    that URI); RC2's values are names such as `HttpData-PULL`. A control plane of one release must
+    not be handed the other's values under its field."""
+    rc2: list[str] = []
+    rc3: list[str] = []
+    for value in types:
+        canonical = canonical_transfer_type(value)
+        target = rc3 if "://" in canonical else rc2
+        if canonical not in target:
+            target.append(canonical)
+    return rc2, rc3
+
+
 def registration_body(settings: RegisterSettings) -> dict[str, Any]:
     """EDC's data-plane registration: the DPS-10 message plus the authorization profile."""
-    types = list(settings.dps_transfer_types)
+    rc2, rc3 = split_transfer_types(settings.dps_transfer_types)
     body: dict[str, Any] = {
         "dataplaneId": settings.dps_dataplane_id,
         "endpoint": str(settings.dps_signaling_url).rstrip("/") + SIGNALING_PATH,
     }
-    if settings.edc_registration_spelling in ("rc2", "both"):
-        body["transferTypes"] = types
-    if settings.edc_registration_spelling in ("rc3", "both"):
-        body["profiles"] = types
+    if settings.edc_registration_spelling in ("rc2", "both") and rc2:
+        body["transferTypes"] = rc2
+    if settings.edc_registration_spelling in ("rc3", "both") and rc3:
+        body["profiles"] = rc3
     body["labels"] = list(settings.dps_labels)
     body["authorization"] = [
         {
@@ -132,7 +162,7 @@ def _credentials(settings: RegisterSettings, http: httpx.Client) -> dict[str, st
 def register(settings: RegisterSettings) -> int:
     """PUT the registration; the control plane's status code, or RegistrationFailed."""
     url = str(settings.edc_registration_url)
-    with httpx.Client(timeout=settings.edc_registration_timeout_seconds) as http:
+    with outbound_http_sync(settings, timeout=settings.edc_registration_timeout_seconds) as http:
         headers = _credentials(settings, http)
         try:
             answer = http.put(url, json=registration_body(settings), headers=headers)

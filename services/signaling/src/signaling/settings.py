@@ -18,7 +18,13 @@ from dataplane_contracts.dps import (
     canonical_transfer_type,
     is_pull_transfer,
 )
-from dataplane_contracts.settings import BASE_CONFIG, HttpSettings, KafkaSettings, OidcSettings
+from dataplane_contracts.settings import (
+    BASE_CONFIG,
+    HttpSettings,
+    KafkaSettings,
+    OidcSettings,
+    OutboundTlsSettings,
+)
 
 StrList = Annotated[list[str], NoDecode]
 
@@ -86,7 +92,7 @@ class DpsIdentitySettings(BaseSettings):
         return pull_transfer_types(v)
 
 
-class Settings(HttpSettings, KafkaSettings, OidcSettings, DpsIdentitySettings):
+class Settings(HttpSettings, KafkaSettings, OidcSettings, DpsIdentitySettings, OutboundTlsSettings):
     """The shared mixins (HTTP, Kafka, OIDC: `CELINE_OIDC_JWKS_URI` defaults to
     `{CELINE_OIDC_BASE_URL}/protocol/openid-connect/certs`, the token endpoint is
     `{base}/protocol/openid-connect/token`) plus signaling's own variables."""

@@ -204,13 +204,15 @@ def start_oidc_issuer(
     key_type: KeyType = "EC",
     clients: dict[str, str] | None = None,
     default_audience: str | None = None,
+    tls: tuple[str, str] | None = None,
 ) -> tuple[OidcIssuer, RunningServer]:
-    """Start an issuer as a real HTTP server on loopback; its base URL is its issuer id."""
+    """Start an issuer as a real HTTP server on loopback; its base URL is its issuer id. `tls`
+    (certificate chain, key) serves it over HTTPS."""
     port = free_port()
     issuer = OidcIssuer(
-        f"http://127.0.0.1:{port}",
+        f"{'https' if tls else 'http'}://127.0.0.1:{port}",
         key_type=key_type,
         clients=dict(clients or {}),
         default_audience=default_audience,
     )
-    return issuer, serve_in_thread(issuer.app(), port=port)
+    return issuer, serve_in_thread(issuer.app(), port=port, tls=tls)

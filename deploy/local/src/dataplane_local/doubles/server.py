@@ -25,9 +25,21 @@ class RunningServer:
         self._thread.join(10)
 
 
-def serve_in_thread(app: FastAPI, port: int | None = None) -> RunningServer:
+def serve_in_thread(
+    app: FastAPI, port: int | None = None, *, tls: tuple[str, str] | None = None
+) -> RunningServer:
+    """`tls`: (certificate chain file, key file) to serve HTTPS, as a TLS-terminating double."""
     port = port or free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    certfile, keyfile = tls if tls is not None else (None, None)
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="on",
+        ssl_certfile=certfile,
+        ssl_keyfile=keyfile,
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"double-{port}", daemon=True)
     thread.start()
@@ -35,4 +47,5 @@ def serve_in_thread(app: FastAPI, port: int | None = None) -> RunningServer:
     deadline = time.monotonic() + scaled(10)
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.01)
-    return RunningServer(f"http://127.0.0.1:{port}", port, server, thread)
+    scheme = "https" if tls is not None else "http"
+    return RunningServer(f"{scheme}://127.0.0.1:{port}", port, server, thread)

@@ -11,6 +11,7 @@ The order decides (spec, "`rec_registry` on the normal API path"):
 from __future__ import annotations
 
 import json
+import ssl
 from typing import Any
 
 import httpx
@@ -69,6 +70,7 @@ class RecRegistryHandler:
         credentials: ClientCredentials,
         default_url: str | None,
         timeout_s: float,
+        tls: ssl.SSLContext,
     ) -> None:
         self._http = http
         self._credentials = credentials
@@ -76,10 +78,12 @@ class RecRegistryHandler:
         self._timeout_s = timeout_s
         self._user_clients: dict[str, RecRegistryUserClient] = {}
         # The SDK builds a new httpx client for every call, and one built with verify=True loads
-        # the CA bundle into a new TLS context each time: about 50 ms of CPU per plan here
-        # (issue 12). One context, built once the way httpx builds its default (verification
-        # on, the same CA bundle), is handed to every call instead: the same checks, once.
-        self._tls = httpx.create_ssl_context()
+        # a CA bundle into a new TLS context each time: about 50 ms of CPU per plan here
+        # (issue 12). The service's one outbound context (dataplane_service_kit.outbound_tls,
+        # built once) is handed to every call instead: the same checks, once, on the same trust
+        # store as every other client. The SDK's clients keep httpx's trust_env, so the proxy
+        # variables apply to them too.
+        self._tls = tls
 
     async def resolve(self, claim: ClaimCheck) -> Plan:
         args = claim.args

@@ -18,6 +18,7 @@ from dataplane_service_kit.errors import ServiceError
 from dataplane_service_kit.jwks import KeySet, KeySetUnavailable, NoUsableKey
 from dataplane_service_kit.logs import get_logger
 from dataplane_service_kit.oauth import ClientCredentialsToken, TokenUnavailable
+from dataplane_service_kit.outbound_tls import outbound_http
 from query_gateway.clients.decision_cache import DsDecisionCache, decision_key
 from query_gateway.clients.verified import VerifiedTokens, exp_of, memoisable
 from query_gateway.metrics import Metrics
@@ -37,8 +38,8 @@ def connector_http(settings: Settings) -> httpx.AsyncClient:
     """The gateway's client for ds and the issuer: idle connections are dropped after
     CONNECTOR_KEEPALIVE_EXPIRY_SECONDS, below the servers' idle timeout, so it is the gateway that
     closes an idle connection and a request is not sent on one the server is closing."""
-    return httpx.AsyncClient(
-        limits=httpx.Limits(keepalive_expiry=settings.connector_keepalive_expiry_seconds)
+    return outbound_http(
+        settings, limits=httpx.Limits(keepalive_expiry=settings.connector_keepalive_expiry_seconds)
     )
 
 
