@@ -21,6 +21,9 @@ async def test_rf10_sigkill_mid_stream_then_restart_delivers_every_event(harness
     await h.make_topics(harness.bootstrap, topic, dlq_topic)
     urls = {h.PROVIDER_A: harness.a.server.url, h.PROVIDER_B: harness.b.server.url}
     env = h.relay_env(harness.bootstrap, topic, dlq_topic, f"relay-kill-{suffix}", harness.issuer, urls)
+    # a narrow window and a slow ds (below), so the kill lands mid-stream: with connections kept
+    # alive the default window delivered all 400 before the first check could see 60
+    env["AUDIT_RELAY_MAX_IN_FLIGHT_PER_CONNECTOR"] = "4"
     log = Path(tempfile.mkdtemp(prefix="audit-relay-kill-")) / "relay.log"
 
     # every body is unique, so a call can be traced to its event without trusting the key it carries
@@ -32,7 +35,7 @@ async def test_rf10_sigkill_mid_stream_then_restart_delivers_every_event(harness
         await harness.producer.send_and_wait(topic, h.json_bytes(ev), key=ev["provider_participant"].encode())
 
     for c in (harness.a, harness.b):  # slow ds down a little so the kill lands mid-stream
-        c.double.set_fault(endpoint="audit", status=None, delay_seconds=0.005)
+        c.double.set_fault(endpoint="audit", status=None, delay_seconds=0.02)
     first = h.relay_process(dict(env), log)
     second = h.relay_process(dict(env), log)
     try:
