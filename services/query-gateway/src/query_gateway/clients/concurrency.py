@@ -100,7 +100,8 @@ class SharedShare:
         self._reuse_s = reuse_s
         self._life_ms = max(1000, math.ceil((lease_s + reuse_s) * 1000))
         self._uncounted = uncounted
-        # who -> the leases kept for it: (lease id, lent until (monotonic), kept since (monotonic))
+        # who -> the leases kept for it: (lease id, lendable until, given back at), monotonic; a
+        # lease is kept only while it stays lendable past KEEP_S, so the second is the earlier
         self._kept: dict[str, list[tuple[str, float, float]]] = {}
         # lease id -> until when it may be lent again (monotonic), for the leases out now
         self._lendable: dict[str, float] = {}
@@ -147,7 +148,7 @@ class SharedShare:
         until = self._lendable.pop(lease, 0.0)
         now = time.monotonic()
         if self._keep_s > 0 and until > now + self._keep_s:
-            self._kept.setdefault(who, []).append((lease, until, now))
+            self._kept.setdefault(who, []).append((lease, until, now + self._keep_s))
             self._sweeping()
             return
         await self._give_back({who: [lease]})
@@ -177,11 +178,10 @@ class SharedShare:
 
     def _expired(self, now: float) -> dict[str, list[str]]:
         due, self._due = self._due, {}
-        for who in list(self._kept):
-            kept = self._kept[who]
-            stay = [k for k in kept if k[2] + self._keep_s > now and k[1] > now]
+        for who, kept in list(self._kept.items()):
+            stay = [k for k in kept if k[2] > now]
             if len(stay) < len(kept):
-                due.setdefault(who, []).extend(k[0] for k in kept if k not in stay)
+                due.setdefault(who, []).extend(k[0] for k in kept if k[2] <= now)
             if stay:
                 self._kept[who] = stay
             else:
