@@ -19,7 +19,7 @@ from query_gateway.sql import (
     check_records_page,
     key_output,
     narrow_query,
-    records_page,
+    records_statement,
     validate_query,
 )
 
@@ -41,7 +41,7 @@ def _page(
     conditions: tuple[Condition, ...] = (AT_LEAST_3,),
     after: tuple[str, ...] | None = ("7",),
 ) -> RecordsPage:
-    return records_page(narrowed or _narrowed(), conditions, KEY, after)
+    return records_statement(narrowed or _narrowed(), conditions, KEY, after)
 
 
 def _refused(page: RecordsPage) -> ServiceError:
@@ -116,7 +116,7 @@ def test_issue31_a_records_condition_over_a_narrowing_without_its_barrier_is_ref
 def test_issue31_a_records_page_must_match_what_it_was_built_from() -> None:
     page = _page()
     # a cast of the cursor's key to a type the narrowed statement's rules refuse
-    _refused(records_page(page.narrowed, (AT_LEAST_3,), (("id", "regclass"),), ("7",)))
+    _refused(records_statement(page.narrowed, (AT_LEAST_3,), (("id", "regclass"),), ("7",)))
     # a parameter more than the conditions bind, an order by another column, a deny dropped
     _refused(
         dataclasses.replace(

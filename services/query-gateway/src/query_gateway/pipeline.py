@@ -53,7 +53,7 @@ from query_gateway.sql import (
     check_text,
     narrow_query,
     quoted,
-    records_page,
+    records_statement,
     shape_of,
     sql_shape,
 )
@@ -462,7 +462,7 @@ async def read_records(
     q = await validate(gw, whole, ctx)
     fenced = bool(ask.conditions) or ask.after is not None
     granted = await narrow_for_dataspace(gw, q, req, ctx, fenced=fenced)
-    page = records_page(granted.narrowed, ask.conditions, ask.key, ask.after)
+    page = records_statement(granted.narrowed, ask.conditions, ask.key, ask.after)
     check_records_page(page)
     if _debug():
         log.debug("narrowed_statement_withheld", reason="dataspace request")  # RF-08, as _run_page

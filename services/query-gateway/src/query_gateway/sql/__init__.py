@@ -18,7 +18,7 @@ from query_gateway.sql.model import (
     ValidatedQuery,
 )
 from query_gateway.sql.pg_verify import check_narrowed, check_original, check_records_page
-from query_gateway.sql.records_page import KEY_PREFIX, Condition, RecordsPage, key_output, records_page
+from query_gateway.sql.records_page import KEY_PREFIX, Condition, RecordsPage, key_output, records_statement
 from query_gateway.sql.rewrite import narrow_query
 from query_gateway.sql.scope import quoted
 from query_gateway.sql.shape import shape_of, sql_shape
@@ -52,7 +52,7 @@ __all__ = [
     "load_leakproof_operators",
     "narrow_query",
     "quoted",
-    "records_page",
+    "records_statement",
     "rolled_back_only",
     "shape_of",
     "sql_shape",

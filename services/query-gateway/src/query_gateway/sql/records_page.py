@@ -89,7 +89,7 @@ def wrapped(
     return f"SELECT {r}.*, {key_text} FROM ({sql}) AS {r} WHERE {where}"  # noqa: S608 - bound values
 
 
-def records_page(
+def records_statement(
     narrowed: NarrowedQuery,
     conditions: Sequence[Condition],
     key: Sequence[tuple[str, str]],
