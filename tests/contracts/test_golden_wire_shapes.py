@@ -19,7 +19,6 @@ from dataplane_contracts.dps import (
     pull_data_address,
 )
 from dataplane_contracts.ds import AuthorizeRequest, DataplaneRowFilter, DecisionEnvelope
-from dataplane_contracts.errors import ErrorBody
 from dataplane_contracts.plans import CallerIdentity, ClaimCheck, Plan
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -96,9 +95,6 @@ def _shapes() -> dict[str, Any]:
                 "iat": 1_800_000_000,
             }
         ).model_dump(mode="json"),
-        "error_body": ErrorBody(error="row_filter_unavailable", detail="registry unreachable").model_dump(
-            mode="json"
-        ),
     }
 
 

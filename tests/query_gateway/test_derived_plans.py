@@ -4,6 +4,7 @@ outlives what it was built from: another catalogue entry object, or a refusal, b
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from dataplane_contracts.ds import DatasetVerdict
 from dataplane_contracts.plans import Plan
 from dataplane_service_kit.errors import ServiceError
 from query_gateway.rules.verdicts import Judged as _Judged
+from query_gateway.rules.verdicts import _derived as _memo
 from query_gateway.rules.verdicts import derived_plan as _derived_plan
 
 CATALOGUE = Path(__file__).parent / "catalogue.yaml"
@@ -57,4 +59,19 @@ def test_rf04_refusal_is_not_kept() -> None:
         with pytest.raises(ServiceError):
             _derived_plan(j, "person", refuse)
     assert calls == 2
-    assert j.verdict.derived() == {}
+    # nothing was kept in its place: the first build that succeeds is the one kept
+    plan = Plan.among("pod", ["pod-1"], label="pod keys")
+    assert _derived_plan(j, "person", lambda: plan) is plan
+    assert _derived_plan(j, "person", refuse) is plan and calls == 2
+
+
+def test_issue31_a_derived_plan_goes_with_its_verdict() -> None:
+    """The memo is the gateway's, beside the wire model: a verdict collected takes its plans."""
+    verdict = DatasetVerdict(dataset_id="readings", decision="allow")
+    j = _judged(verdict)
+    _derived_plan(j, "person", lambda: Plan.among("pod", ["pod-1"], label="pod keys"))
+    assert id(verdict) in _memo
+    key = id(verdict)
+    del j, verdict
+    gc.collect()
+    assert key not in _memo

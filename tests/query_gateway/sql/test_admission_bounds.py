@@ -14,8 +14,8 @@ from dataplane_local.provision import with_database
 from dataplane_service_kit.errors import ServiceError
 from dataplane_testing.sqlgw import Db
 from query_gateway.clients.concurrency import ConsumerSlots
-from query_gateway.clients.identity import Caller
 from query_gateway.pipeline import caller_identity, caller_key, consumer_key
+from query_gateway.rules.caller import Caller
 from query_gateway.sql import NarrowedQuery, QueryExecutor
 from query_gateway.sql.cost_calibration import largest_cost
 from query_gateway.sql.execute import SESSION_BOUNDS, datasets_pool

@@ -103,12 +103,6 @@ class DatasetVerdict(TolerantModel):
     # the strict parse, kept: a verdict reused for its ttl (the gateway's decision cache) is
     # parsed once, not once per request — a hundred DIDs checked against a pattern each time
     _parsed: DataplaneRowFilter | None = PrivateAttr(default=None)
-    # what a reader derives from this verdict alone (the gateway's plans of pure handlers), kept
-    # with it for as long as the verdict is reused, and gone with it
-    _derived: dict[str, object] = PrivateAttr(default_factory=dict)
-
-    def derived(self) -> dict[str, object]:
-        return self._derived
 
     def parse_row_filter(self) -> DataplaneRowFilter | None:
         """Strict parse; raises pydantic.ValidationError for an unreadable filter (each time:

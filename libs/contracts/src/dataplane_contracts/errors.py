@@ -1,12 +1,9 @@
-"""The one error table (docs/wire-contracts.md, "Errors"): stable codes, their statuses, the body."""
+"""The one error table (docs/wire-contracts.md, "Errors"): stable codes and their statuses. The body
+is the problem document the service kit renders (libs/service-kit/src/dataplane_service_kit/errors.py)."""
 
 from __future__ import annotations
 
 from typing import Literal, get_args
-
-from pydantic import StrictStr
-
-from dataplane_contracts.base import ContractModel
 
 ErrorCode = Literal[
     "sql_refused",
@@ -146,10 +143,3 @@ assert set(STATUS) == set(ERROR_CODES), "every code has exactly one status"
 
 def status_of(code: ErrorCode) -> int:
     return STATUS[code]
-
-
-class ErrorBody(ContractModel):
-    """`{"error": <code>, "detail": <text>}`; the detail never carries a principal, key or token."""
-
-    error: ErrorCode
-    detail: StrictStr

@@ -12,19 +12,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import IllegalStateError, KafkaError
 
 from audit_relay.delivery import Retry
+from audit_relay.metrics import Metrics
+from audit_relay.settings import Settings
 from audit_relay.window import Record, Slot, Window, contiguous
 from dataplane_service_kit.logs import get_logger
-
-if TYPE_CHECKING:
-    from audit_relay.relay import Relay
 
 log = get_logger(__name__)
 
@@ -50,8 +49,33 @@ class SuspectGap:
     sightings: int = 1
 
 
+class Host(Protocol):
+    """What a worker needs of the relay that runs it (relay.py's `Relay`): the shared consumer,
+    settings and metrics, fetch pausing, one delivery attempt, and the retry schedule. Declared
+    here so the worker does not import the relay that imports it."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def metrics(self) -> Metrics: ...
+
+    @property
+    def consumer(self) -> AIOKafkaConsumer: ...
+
+    def pause(self, worker: PartitionWorker) -> None: ...
+
+    def resume(self, worker: PartitionWorker) -> None: ...
+
+    async def deliver(self, slot: Slot, window: Window) -> Finished | Retry: ...
+
+    def backoff(self, outcome: Retry) -> Callable[[int], float]: ...
+
+    def count_retry(self, outcome: Retry, slot: Slot, delay_s: float | None) -> None: ...
+
+
 class PartitionWorker:
-    def __init__(self, relay: Relay, tp: TopicPartition) -> None:
+    def __init__(self, relay: Host, tp: TopicPartition) -> None:
         self.relay = relay
         self.tp = tp
         settings = relay.settings

@@ -20,8 +20,8 @@ from dataplane_service_kit.request_ids import HEADER, request_id
 from query_gateway import openapi as api
 from query_gateway.access_log import AccessContext
 from query_gateway.clients.connector import resolve_connector
-from query_gateway.clients.identity import Caller
 from query_gateway.clients.pull import VerifiedPull
+from query_gateway.rules.caller import Caller
 from query_gateway.rules.verdicts import DataspaceRequest, parse_purpose
 from query_gateway.state import Gateway
 

@@ -25,7 +25,7 @@ from dataplane_contracts.plans import CallerIdentity, ClaimCheck, Plan
 from dataplane_service_kit.errors import ServiceError
 from dataplane_service_kit.logs import get_logger
 from query_gateway.access_log import AccessContext
-from query_gateway.clients.identity import Caller
+from query_gateway.rules.caller import Caller
 from query_gateway.rules.layers import LayerRequest, apply_pure
 from query_gateway.rules.policy import check_available, check_layers_declared, check_policy, needs_caller
 from query_gateway.rules.verdicts import (
@@ -40,17 +40,24 @@ from query_gateway.rules.verdicts import (
 from query_gateway.sql import (
     DEFAULT_LIMIT,
     ColumnTypes,
+    Condition,
+    GrowthRefused,
+    LeakproofOperators,
     NarrowedQuery,
     QueryPage,
     ValidatedQuery,
+    check_growth,
+    check_narrowed,
+    check_original,
+    check_records_page,
+    check_text,
     narrow_query,
+    quoted,
+    records_statement,
+    shape_of,
     sql_shape,
 )
 from query_gateway.sql import validate_query as _validate_query
-from query_gateway.sql.execute import check_text
-from query_gateway.sql.growth import GrowthRefused, check_growth
-from query_gateway.sql.pg_verify import check_narrowed, check_original
-from query_gateway.sql.shape import shape_of
 from query_gateway.state import Gateway
 
 log = get_logger("query_gateway.query")
@@ -195,6 +202,7 @@ async def _planned(
     q: ValidatedQuery,
     ctx: AccessContext,
     plans_of: Callable[[DatasetEntry], Awaitable[list[Plan]]],
+    leakproof: LeakproofOperators,
 ) -> NarrowedQuery:
     """Each touched dataset's plans (a refusal names that dataset), then the rewrite and its
     verification (cached per shape), off the loop for a long text."""
@@ -203,11 +211,15 @@ async def _planned(
         ctx.judging(dataset_id)
         plans[dataset_id] = await plans_of(gw.entries[dataset_id])
     ctx.judging(None)
-    return await _narrow(gw, q, plans)
+    return await _narrow(gw, q, plans, leakproof)
 
 
-async def _narrow(gw: Gateway, q: ValidatedQuery, plans: Mapping[str, Sequence[Plan]]) -> NarrowedQuery:
-    narrow = functools.partial(narrow_query, leakproof=gw.leakproof)
+async def _narrow(
+    gw: Gateway, q: ValidatedQuery, plans: Mapping[str, Sequence[Plan]], leakproof: LeakproofOperators
+) -> NarrowedQuery:
+    """`leakproof`: the operators a narrowing may go without its barrier under (none: every
+    filtered narrowing is fenced)."""
+    narrow = functools.partial(narrow_query, leakproof=leakproof)
     narrowed = await _off_loop_if_long(q.text, narrow, q, gw.catalogue, plans, gw.columns, gw.mask_key)
     await _off_loop_if_long(q.text, check_narrowed, narrowed)  # QE-12: and has the last word
     return narrowed
@@ -312,7 +324,7 @@ async def plan_normal(
             plans.append(await _resolved(gw, entry, layer, req, ctx, identity=identity))
         return plans
 
-    return await _planned(gw, q, ctx, plans_of)
+    return await _planned(gw, q, ctx, plans_of, gw.leakproof)
 
 
 async def run_normal(
@@ -366,11 +378,12 @@ async def run_dataspace(
 
 
 async def narrow_for_dataspace(
-    gw: Gateway, q: ValidatedQuery, req: DataspaceRequest, ctx: AccessContext
+    gw: Gateway, q: ValidatedQuery, req: DataspaceRequest, ctx: AccessContext, *, fenced: bool = False
 ) -> Granted:
     """Every dataspace read's checks, in order: offered, ds's decision for every touched dataset
     (asked, or reused within its ttl), both layers judged, the expose gate, each layer's plan,
-    and the statement narrowed by them."""
+    and the statement narrowed by them. `fenced`: every filtered narrowing keeps its barrier,
+    for a statement that will carry conditions of the gateway's own above it (a records page)."""
     entries = [gw.entries[d] for d in q.dataset_ids]
     unoffered = sorted(e.id for e in entries if not e.dataspace_expose)
     if unoffered:
@@ -421,5 +434,38 @@ async def narrow_for_dataspace(
             await layer_plan(j, "organization", organization, False),
         ]
 
-    narrowed = await _planned(gw, q, ctx, plans_of)
+    narrowed = await _planned(gw, q, ctx, plans_of, frozenset() if fenced else gw.leakproof)
     return Granted(narrowed, tuple(judged.values()), envelope.decision_ref)
+
+
+# ---------------------------------------------------------------------- the records path
+@dataclass(frozen=True)
+class RecordsAsk:
+    """What one records page asks (docs/records.md): the client filters as conditions, the
+    record key with its column types, the cursor's key (None: the first page), the page size."""
+
+    conditions: tuple[Condition, ...]
+    key: tuple[tuple[str, str], ...]
+    after: tuple[str, ...] | None
+    limit: int
+
+
+async def read_records(
+    gw: Gateway, dataset_id: str, ask: RecordsAsk, req: DataspaceRequest, ctx: AccessContext
+) -> tuple[QueryPage, Granted]:
+    """A records page read as `/dps/public/query` reads a statement: the flow's dataset whole,
+    validated, judged and narrowed (fenced wherever the page adds conditions: they are not the
+    leakproof judgement's to pass), then the page's statement built in `sql/` over the narrowed
+    one and verified (QE-12), and run within the consumer's share (QE-10). One row more than
+    the page is asked for: it says whether another page follows. The caller discloses."""
+    whole = f"SELECT * FROM {quoted(dataset_id)}"  # noqa: S608 - a quoted identifier
+    q = await validate(gw, whole, ctx)
+    fenced = bool(ask.conditions) or ask.after is not None
+    granted = await narrow_for_dataspace(gw, q, req, ctx, fenced=fenced)
+    page = records_statement(granted.narrowed, ask.conditions, ask.key, ask.after)
+    check_records_page(page)
+    if _debug():
+        log.debug("narrowed_statement_withheld", reason="dataspace request")  # RF-08, as _run_page
+    async with gw.slots.hold(consumer_key("did", req.consumer)):
+        rows = await gw.executor.run(page.statement, offset=0, limit=ask.limit + 1, skip_count=True)
+    return rows, granted

@@ -20,8 +20,6 @@ from dataplane_contracts.settings import (
     RedisSettings,
 )
 
-PLATFORM_ADMIN_ROLE = "platform-admin"
-
 
 class Settings(
     HttpSettings,

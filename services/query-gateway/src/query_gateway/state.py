@@ -19,8 +19,7 @@ from query_gateway.clients.rate_limit import RateLimiter
 from query_gateway.metrics import Metrics
 from query_gateway.rules.policy import needs_caller
 from query_gateway.settings import Settings
-from query_gateway.sql import ColumnTypes, QueryExecutor
-from query_gateway.sql.exposure import MaskKey
+from query_gateway.sql import ColumnTypes, MaskKey, QueryExecutor
 
 GROWTH_VERDICTS_KEPT = 1024
 

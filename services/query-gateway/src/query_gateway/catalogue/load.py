@@ -16,9 +16,14 @@ import yaml
 from dataplane_contracts.catalogue import HANDLER_BINDS, Catalogue
 from query_gateway.records.startup import check_records
 from query_gateway.settings import Settings
-from query_gateway.sql import ColumnTypes, load_column_types
-from query_gateway.sql.exposure import MaskKey, hash_masks
-from query_gateway.sql.leakproof import LeakproofOperators, load_leakproof_operators
+from query_gateway.sql import (
+    ColumnTypes,
+    LeakproofOperators,
+    MaskKey,
+    hash_masks,
+    load_column_types,
+    load_leakproof_operators,
+)
 
 
 class CatalogueRefused(ValueError):

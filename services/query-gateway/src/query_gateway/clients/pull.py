@@ -33,7 +33,7 @@ from dataplane_service_kit.bounded_cache import BoundedCache
 from dataplane_service_kit.errors import ServiceError
 from dataplane_service_kit.logs import get_logger
 from query_gateway.clients.verified import VerifiedTokens, exp_of, memoisable
-from query_gateway.sql.execute import rolled_back_only
+from query_gateway.sql import rolled_back_only
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,7 @@ from dataplane_service_kit.errors import ServiceError
 from query_gateway.records.request import RecordsQuery, RequestRefused
 from query_gateway.records.startup import FITTING
 from query_gateway.records.values import Bound, bound
-from query_gateway.sql.exposure import dataset_columns
-from query_gateway.sql.model import ColumnTypes
+from query_gateway.sql import ColumnTypes, dataset_columns
 
 Frozen = dict[str, FrozenField]
 

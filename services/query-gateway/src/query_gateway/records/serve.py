@@ -1,31 +1,23 @@
 """One records page (docs/records.md): the pull token, the flow's dataset, its frozen filters,
-the request's filters and cursor, then the same dataspace read as `/dps/public/query` — ds asked,
-both layers narrowing — with the client filters as further conditions on the narrowed statement,
-and the disclosure durable before the page leaves."""
+the request's filters and cursor, then the pipeline's records path (pipeline.py, `read_records`):
+the same dataspace read as `/dps/public/query` — ds asked, both layers narrowing — with the client
+filters as further conditions on the narrowed statement, built and verified in `sql/`; and the
+disclosure durable before the page leaves."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlglot import exp
-
 from dataplane_service_kit.errors import ServiceError
 from query_gateway.access_log import AccessContext
 from query_gateway.deps import pull_grant, pull_request
-from query_gateway.pipeline import narrow_for_dataspace, validate
+from query_gateway.pipeline import RecordsAsk, read_records
 from query_gateway.records.cursor import CursorCodec, filter_set_digest
 from query_gateway.records.frozen import bounds_of, check_evaluable, frozen_of, metadata_of
 from query_gateway.records.request import parse_records_query, refuse_any_parameter
 from query_gateway.records.values import Bound
-from query_gateway.sql.model import NarrowedQuery
-from query_gateway.sql.scope import DIALECT
+from query_gateway.sql import KEY_PREFIX, Condition, key_output
 from query_gateway.state import Gateway
-
-_KEY_PREFIX = "_dp_key"  # the reserved prefix: no column of a dataset can be called that
-
-
-def _ident(name: str) -> str:
-    return str(exp.to_identifier(name, quoted=True).sql(dialect=DIALECT))
 
 
 @dataclass(frozen=True)
@@ -71,57 +63,25 @@ async def records_page(
     after = codec.decode(query.cursor, grant.flow_id, dataset_id, digest, len(key)) if query.cursor else None
 
     req = pull_request(gw, grant, h.transfer, h.purpose)
-    whole = f"SELECT * FROM {_ident(dataset_id)}"  # noqa: S608 - a quoted identifier
-    q = await validate(gw, whole, ctx)
-    granted = await narrow_for_dataspace(gw, q, req, ctx)
-    key_types = [gw.columns[entry.table][k] for k in key]
-    statement = _filtered(granted.narrowed, bounds, key, key_types, after)
     limit = min(query.limit, entry.max_rows or query.limit)  # QE-07: the dataset's cap
-    page = await gw.executor.run(statement, offset=0, limit=limit + 1, skip_count=True)
+    key_types = tuple((k, gw.columns[entry.table][k]) for k in key)
+    ask = RecordsAsk(
+        tuple(_condition(b) for b in bounds), key_types, tuple(after) if after is not None else None, limit
+    )
+    page, granted = await read_records(gw, dataset_id, ask, req, ctx)
     rows = page.items[:limit]
     has_more = len(page.items) > limit
     cursor = None
     if has_more:
         last = rows[-1]
         cursor = codec.encode(
-            grant.flow_id, dataset_id, digest, [str(last[f"{_KEY_PREFIX}{i}"]) for i in range(len(key))]
+            grant.flow_id, dataset_id, digest, [str(last[key_output(i)]) for i in range(len(key))]
         )
-    items = [{k: v for k, v in row.items() if not k.startswith(_KEY_PREFIX)} for row in rows]
+    items = [{k: v for k, v in row.items() if not k.startswith(KEY_PREFIX)} for row in rows]
     await granted.disclose(gw, req, len(items))
     ctx.succeeded()
     return {"items": items, "limit": limit, "has_more": has_more, "next_cursor": cursor}
 
 
-def _filtered(
-    narrowed: NarrowedQuery,
-    bounds: tuple[Bound, ...],
-    key: list[str],
-    key_types: list[str],
-    after: list[str] | None,
-) -> NarrowedQuery:
-    """The narrowed statement as the rows it may read, further conditions on its output only (so
-    they can narrow and never widen), every value a bound parameter read by PostgreSQL from
-    text into the compared type; the record key's text beside each row for the cursor; ordered
-    by the record key."""
-    params: list[object] = list(narrowed.params)
-    conds: list[str] = []
-    for b in bounds:
-        params.append(b.text)
-        conds.append(f"r.{_ident(b.field)} {b.sql_op} ${len(params)}::text::{b.sql_type}")
-    if after is not None:
-        placeholders = []
-        for value, pg_type in zip(after, key_types, strict=True):
-            params.append(value)
-            placeholders.append(f"${len(params)}::text::{pg_type}")
-        columns = ", ".join(f"r.{_ident(k)}" for k in key)
-        conds.append(f"({columns}) > ({', '.join(placeholders)})")
-    key_text = ", ".join(f"r.{_ident(k)}::text AS {_KEY_PREFIX}{i}" for i, k in enumerate(key))
-    where = " AND ".join(conds) if conds else "TRUE"
-    sql = f"SELECT r.*, {key_text} FROM ({narrowed.sql}) AS r WHERE {where}"  # noqa: S608 - bound values
-    return NarrowedQuery(
-        sql=sql,
-        params=tuple(params),
-        param_labels=(*narrowed.param_labels, *(f"filter {b.field} {b.op}" for b in bounds)),
-        denied=narrowed.denied,
-        order_by=" ORDER BY " + ", ".join(f"q.{_ident(k)} ASC" for k in key),
-    )
+def _condition(b: Bound) -> Condition:
+    return Condition(b.field, b.sql_op, b.text, b.sql_type, f"filter {b.field} {b.op}")

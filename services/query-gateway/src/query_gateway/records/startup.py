@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncpg
 
 from dataplane_contracts.catalogue import Catalogue
-from query_gateway.sql.model import CatalogueMismatch, ColumnTypes
+from query_gateway.sql import CatalogueMismatch, ColumnTypes
 
 # the column types a declared range-filter type is compared on exactly: numbers as PostgreSQL
 # numeric (a float column is refused: its values are binary fractions), dates as dates, and

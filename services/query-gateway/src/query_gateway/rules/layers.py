@@ -13,7 +13,7 @@ from dataplane_contracts.ds import Organization
 from dataplane_contracts.keys import values_of_type
 from dataplane_contracts.plans import Plan
 from dataplane_service_kit.errors import ServiceError
-from query_gateway.clients.identity import Caller
+from query_gateway.rules.caller import Caller
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataplane_contracts.catalogue import DatasetEntry, RowFilterSpec
 from dataplane_service_kit.errors import ServiceError
-from query_gateway.clients.identity import Caller
+from query_gateway.rules.caller import Caller
 
 LEVELS_NEEDING_AUTH = frozenset({"internal", "restricted"})
 

@@ -3,6 +3,7 @@ catalogue's two layers it must meet, each layer's request, and RF-10's disclosur
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Container
 from dataclasses import dataclass
 
@@ -125,15 +126,31 @@ def layer_requests(j: Judged) -> tuple[LayerRequest | None, LayerRequest]:
     return person, organization
 
 
+# The plans of pure handlers derived from one verdict object, by layer: gateway state kept beside
+# the wire model, not in it. An entry lives exactly as long as its verdict does (the decision cache
+# holds the envelope for ds's ttl): a finalizer drops it when the verdict is collected, before its
+# id can name another object. Read and written on the event loop only.
+_Derived = dict[Binds, tuple[DatasetEntry, Plan]]
+_derived: dict[int, _Derived] = {}
+
+
+def _derived_of(verdict: DatasetVerdict) -> _Derived:
+    key = id(verdict)
+    memo = _derived.get(key)
+    if memo is None:
+        memo = _derived[key] = {}
+        weakref.finalize(verdict, _derived.pop, key, None)
+    return memo
+
+
 def derived_plan(j: Judged, layer: Binds, build: Callable[[], Plan]) -> Plan:
     """A pure handler's plan from this verdict, built once while ds's decision is reused: it is
     a function of the verdict and the catalogue entry alone (the entry compared by identity, so a
     catalogue read again never meets an old plan). Refusals are not kept: raised every time."""
-    memo = j.verdict.derived()
+    memo = _derived_of(j.verdict)
     kept = memo.get(layer)
-    if isinstance(kept, tuple) and kept[0] is j.entry:
-        plan: Plan = kept[1]
-        return plan
+    if kept is not None and kept[0] is j.entry:
+        return kept[1]
     plan = build()
     memo[layer] = (j.entry, plan)
     return plan

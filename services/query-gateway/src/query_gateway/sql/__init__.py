@@ -1,8 +1,13 @@
 """Governed SQL: validation (docs/gateway.md, "SQL rules"), narrowing (docs/row-filters.md), verification
-and read-only execution (QE-04, docs/gateway.md, "Limits and execution")."""
+and read-only execution (QE-04, docs/gateway.md, "Limits and execution"), and a records page's
+statement (docs/records.md). Every statement the gateway sends is built in this package; code
+outside it imports from here, never from its modules (the import check, tests/test_import_boundaries.py)."""
 
 from query_gateway.sql.columns import load_column_types
-from query_gateway.sql.execute import QueryExecutor
+from query_gateway.sql.execute import QueryExecutor, check_text, datasets_pool, rolled_back_only
+from query_gateway.sql.exposure import MaskKey, dataset_columns, hash_masks
+from query_gateway.sql.growth import GrowthRefused, check_growth
+from query_gateway.sql.leakproof import LeakproofOperators, load_leakproof_operators
 from query_gateway.sql.model import (
     DEFAULT_LIMIT,
     MAX_LIMIT,
@@ -12,21 +17,44 @@ from query_gateway.sql.model import (
     QueryPage,
     ValidatedQuery,
 )
+from query_gateway.sql.pg_verify import check_narrowed, check_original, check_records_page
+from query_gateway.sql.records_page import KEY_PREFIX, Condition, RecordsPage, key_output, records_statement
 from query_gateway.sql.rewrite import narrow_query
-from query_gateway.sql.shape import sql_shape
+from query_gateway.sql.scope import quoted
+from query_gateway.sql.shape import shape_of, sql_shape
 from query_gateway.sql.validate import validate_query
 
 __all__ = [
     "DEFAULT_LIMIT",
+    "KEY_PREFIX",
     "MAX_LIMIT",
     "CatalogueMismatch",
     "ColumnTypes",
+    "Condition",
+    "GrowthRefused",
+    "LeakproofOperators",
+    "MaskKey",
     "NarrowedQuery",
     "QueryExecutor",
     "QueryPage",
+    "RecordsPage",
     "ValidatedQuery",
+    "check_growth",
+    "check_narrowed",
+    "check_original",
+    "check_records_page",
+    "check_text",
+    "dataset_columns",
+    "datasets_pool",
+    "hash_masks",
+    "key_output",
     "load_column_types",
+    "load_leakproof_operators",
     "narrow_query",
+    "quoted",
+    "records_statement",
+    "rolled_back_only",
+    "shape_of",
     "sql_shape",
     "validate_query",
 ]

@@ -9,7 +9,10 @@ from dataclasses import dataclass
 import sqlglot
 from sqlglot import exp
 
-from query_gateway.sql.scope import DIALECT, fold
+from query_gateway.sql.scope import DIALECT, fold, quoted
+
+# the page queries' name for the statement they wrap: an outer ORDER BY names its columns through it
+PAGE_ALIAS = "q"
 
 
 def _output_names(select: exp.Select) -> list[str | None]:
@@ -77,9 +80,15 @@ def outer_order_by(select: exp.Select) -> str:
         nulls_first = ordered.args.get("nulls_first")
         # PostgreSQL: NULLs sort as larger than any value unless the statement says otherwise
         first = desc if nulls_first is None else bool(nulls_first)
-        ident = exp.to_identifier(name, quoted=True).sql(dialect=DIALECT)
-        keys.append(f"q.{ident} {'DESC' if desc else 'ASC'} NULLS {'FIRST' if first else 'LAST'}")
+        keys.append(
+            f"{PAGE_ALIAS}.{quoted(name)} {'DESC' if desc else 'ASC'} NULLS {'FIRST' if first else 'LAST'}"
+        )
     return " ORDER BY " + ", ".join(keys)
+
+
+def ascending(columns: list[str]) -> str:
+    """The outer ORDER BY of the page queries by these output columns, each ascending."""
+    return " ORDER BY " + ", ".join(f"{PAGE_ALIAS}.{quoted(c)} ASC" for c in columns)
 
 
 @dataclass(frozen=True)
@@ -107,9 +116,10 @@ def page_and_count(sql: str, n_params: int, denied: bool, order: str | None = No
     # a deny reads nothing on the outer queries either (RF-05)
     where = " WHERE FALSE" if denied else ""
     paging = f"{order} LIMIT ${n_params + 1} OFFSET ${n_params + 2}"
+    q = PAGE_ALIAS
     return PageQueries(
-        page=f"SELECT * FROM ({sql}) AS q{where}{paging}",  # noqa: S608 - verified statement
+        page=f"SELECT * FROM ({sql}) AS {q}{where}{paging}",  # noqa: S608 - verified statement
         # the window counts the rows before LIMIT applies, in the same scan
-        counted_page=f"SELECT q.*, count(*) OVER () AS {TOTAL_COLUMN} FROM ({sql}) AS q{where}{paging}",  # noqa: S608
-        count=f"SELECT count(*) FROM ({sql}) AS q{where}",  # noqa: S608 - verified statement
+        counted_page=f"SELECT {q}.*, count(*) OVER () AS {TOTAL_COLUMN} FROM ({sql}) AS {q}{where}{paging}",  # noqa: S608
+        count=f"SELECT count(*) FROM ({sql}) AS {q}{where}",  # noqa: S608 - verified statement
     )

@@ -21,8 +21,8 @@ detail is a fixed reason: never the statement, a literal or a parser message."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from typing import Any, Final, TypeVar
 
 import orjson
 from pglast import parser as _pg
@@ -33,7 +33,8 @@ from dataplane_service_kit.errors import ServiceError
 from query_gateway.sql import rules
 from query_gateway.sql.leakproof import LeakproofOperators, quals_leakproof
 from query_gateway.sql.model import NarrowedQuery, ValidatedQuery
-from query_gateway.sql.pagination import page_and_count
+from query_gateway.sql.pagination import ascending, page_and_count
+from query_gateway.sql.records_page import RecordsPage, key_output, wrapped
 from query_gateway.sql.scope import fold, table_parts, walk_tables
 from query_gateway.sql.verify import RF_ALIAS
 
@@ -494,12 +495,8 @@ _NarrowedKey = tuple[str, tuple[tuple[str, str], ...], str, int, bool, Types, Le
 _narrowed_cache: BoundedCache[_NarrowedKey, tuple[str]] = BoundedCache(1024)
 
 
-def check_narrowed(narrowed: NarrowedQuery) -> None:
-    """Refuses `400 sql_refused` a narrowed statement whose PostgreSQL tree reads anything but the
-    rewrite's narrowing subqueries and visible CTEs, calls a function outside the allowlist, or
-    holds a node of a kind not allowed. Cached by the statement and its narrowings (the
-    rewrite's own output is cached per shape, so the same pair comes back)."""
-    key = (
+def _narrowed_key(narrowed: NarrowedQuery) -> _NarrowedKey:
+    return (
         narrowed.sql,
         narrowed.fences,
         narrowed.order_by,
@@ -508,19 +505,41 @@ def check_narrowed(narrowed: NarrowedQuery) -> None:
         narrowed.fence_types,
         narrowed.leakproof,
     )
+
+
+def check_narrowed(narrowed: NarrowedQuery) -> None:
+    """Refuses `400 sql_refused` a narrowed statement whose PostgreSQL tree reads anything but the
+    rewrite's narrowing subqueries and visible CTEs, calls a function outside the allowlist, or
+    holds a node of a kind not allowed. Cached by the statement and its narrowings (the
+    rewrite's own output is cached per shape, so the same pair comes back)."""
+    _once(_narrowed_cache, _narrowed_key(narrowed), _NARROWED, _verify_narrowed, narrowed)
+
+
+def _verify_narrowed(narrowed: NarrowedQuery) -> None:
+    _verify(narrowed.sql, narrowed.fences, narrowed.fence_types, narrowed.leakproof)
+    _verify_pages(narrowed)
+
+
+_P = TypeVar("_P")
+_K = TypeVar("_K", bound=Hashable)
+
+
+def _once(
+    cache: BoundedCache[_K, tuple[str]], key: _K, reason: str, verify: Callable[[_P], object], arg: _P
+) -> None:
+    """`verify(arg)`'s verdict, kept under `key`; a refusal raised with the fixed `reason`."""
     with _cache_lock:
-        hit = _narrowed_cache.get(key)
+        hit = cache.get(key)
     if hit is None:
         try:
-            _verify(narrowed.sql, narrowed.fences, narrowed.fence_types, narrowed.leakproof)
-            _verify_pages(narrowed)
+            verify(arg)
             hit = _OK
         except _Refused as why:
             hit = (str(why),)
         with _cache_lock:
-            _narrowed_cache.put(key, hit)
+            cache.put(key, hit)
     if hit != _OK:
-        raise ServiceError("sql_refused", _NARROWED)
+        raise ServiceError("sql_refused", reason)
 
 
 def _verify(
@@ -528,9 +547,10 @@ def _verify(
     fences: Iterable[tuple[str, str]],
     types: Types = (),
     operators: LeakproofOperators = frozenset(),
-) -> None:
+) -> bool:
     """A narrowing without its barrier passes only where PostgreSQL's own tree shows every qual
-    of the statement leakproof (leakproof.py), judged here again, not taken from the rewrite."""
+    of the statement leakproof (leakproof.py), judged here again, not taken from the rewrite.
+    Returns whether some narrowing goes without its barrier."""
     tables = {_fence(table, text): table for table, text in fences}
     if not tables:
         raise _Refused("no narrowing")
@@ -539,6 +559,7 @@ def _verify(
     walk.node(stmt, frozenset())
     if walk.unfenced and not _leakproof(stmt, tables, types, operators):
         raise _Refused("a narrowing without its barrier under a qual that may leak")
+    return walk.unfenced
 
 
 def _verify_pages(narrowed: NarrowedQuery) -> None:
@@ -564,6 +585,88 @@ def _hollow(text: str, inner: bytes | None) -> bytes:
         raise _Refused("a page statement is not the executor's wrapping of the verified one")
     sub["subquery"] = None
     return canonical(select)
+
+
+# ---------------------------------------------------------------------- a records page
+_RecordsKey = tuple[
+    str, str, bool, int, _NarrowedKey, tuple[tuple[str, str, str], ...], tuple[tuple[str, str], ...], bool
+]
+_records_cache: BoundedCache[_RecordsKey, tuple[str]] = BoundedCache(1024)
+_RECORDS = "the records page statement failed PostgreSQL's verification"
+
+
+def check_records_page(page: RecordsPage) -> None:
+    """Refuses `400 sql_refused` a records page (sql/records_page.py) unless its narrowed
+    statement passes `check_narrowed`, and the statement the executor runs is, as PostgreSQL reads
+    it, that narrowed statement whole as its one subquery with around it exactly the records
+    wrapping of a constant; that wrapping reads no relation and holds only the node kinds, casts,
+    operators and functions allowed in a narrowed statement (its bound values and the record key's
+    reserved output names aside); no narrowing under its conditions goes without its barrier (the
+    conditions are not judged leakproof); and the page queries the executor sends wrap it as they
+    wrap any statement. Cached by the texts and the conditions' shape, never their values."""
+    narrowed, sent = page.narrowed, page.statement
+    check_narrowed(narrowed)
+    key = (
+        sent.sql,
+        sent.order_by,
+        sent.denied,
+        len(sent.params),
+        _narrowed_key(narrowed),
+        tuple((c.column, c.op, c.pg_type) for c in page.conditions),
+        page.key,
+        page.after,
+    )
+    _once(_records_cache, key, _RECORDS, _verify_records, page)
+
+
+def _verify_records(page: RecordsPage) -> None:
+    narrowed, sent = page.narrowed, page.statement
+    n = len(narrowed.params)
+    expected = n + len(page.conditions) + (len(page.key) if page.after else 0)
+    if (
+        len(sent.params) != expected
+        or sent.denied != narrowed.denied
+        or sent.order_by != ascending([k for k, _ in page.key])
+    ):
+        raise _Refused("a records page does not match its narrowed statement")
+    inner = canonical(_only_select(narrowed.sql))
+    template = wrapped("SELECT 1", n, page.conditions, page.key, page.after)
+    if _hollow(sent.sql, inner) != _hollow(template, None):
+        raise _Refused("a records page is not the records wrapping of the verified statement")
+    outputs = frozenset(key_output(i) for i in range(len(page.key)))
+    _Walk(frozenset()).node(_wrapping_only(_only_select(template), outputs), frozenset())
+    unfenced = _verify(narrowed.sql, narrowed.fences, narrowed.fence_types, narrowed.leakproof)
+    if unfenced and page.fenced_only:
+        raise _Refused("a narrowing without its barrier under a records condition")
+    _verify_pages(sent)
+
+
+def _wrapping_only(stmt: Node, outputs: frozenset[str]) -> Node:
+    """The records wrapping as the narrowed statement's rules read it: each bound value a NULL
+    constant (a parameter is the gateway's own there, never the caller's), the record key's
+    reserved output names of the top level taken off."""
+    fields = dict(stmt["SelectStmt"])
+    targets = []
+    for target in fields.get("targetList") or ():
+        res = target.get("ResTarget") if isinstance(target, dict) and len(target) == 1 else None
+        if isinstance(res, dict) and res.get("name") in outputs:
+            targets.append({"ResTarget": {k: v for k, v in res.items() if k != "name"}})
+        else:
+            targets.append(target)
+    fields["targetList"] = targets
+    out = _params_as_null({"SelectStmt": fields})
+    assert isinstance(out, dict)
+    return out
+
+
+def _params_as_null(node: object) -> object:
+    if isinstance(node, dict):
+        if set(node) == {"ParamRef"}:
+            return {"A_Const": {"isnull": True}}
+        return {k: _params_as_null(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_params_as_null(v) for v in node]
+    return node
 
 
 def refusal_reason(

@@ -16,6 +16,11 @@ def fold(ident: exp.Identifier) -> str:
     return name if ident.quoted else name.lower()
 
 
+def quoted(name: str) -> str:
+    """A name as PostgreSQL reads it back exactly: always quoted, whatever its case or spelling."""
+    return str(exp.to_identifier(name, quoted=True).sql(dialect=DIALECT))
+
+
 def table_parts(table: exp.Table) -> list[exp.Identifier]:
     """Every dotted part of a table reference, outermost first (`a.b.c.d` keeps all four)."""
     parts: list[exp.Identifier] = []
