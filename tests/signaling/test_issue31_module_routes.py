@@ -4,6 +4,7 @@ state through them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi.routing import APIRoute
@@ -15,14 +16,26 @@ from signaling.app import create_app
 from signaling.settings import Settings
 
 
+def _endpoints(router: Any) -> list[Callable[..., Any]]:
+    """Every route function an app serves, through included routers (which FastAPI may hold by
+    reference, `original_router`, or as copied routes)."""
+    found: list[Callable[..., Any]] = []
+    for route in router.routes:
+        inner = getattr(route, "original_router", None)
+        if inner is not None:
+            found += _endpoints(inner)
+        elif isinstance(route, APIRoute):
+            found.append(route.endpoint)
+    return found
+
+
 def test_issue31_every_dps_route_is_a_module_level_function(base_settings: dict[str, Any]) -> None:
     app = create_app(Settings(**base_settings))
-    served = [r for r in app.routes if isinstance(r, APIRoute) and r.path.startswith("/dps")]
-    assert len(served) == 11
-    for route in served:
-        endpoint = route.endpoint
-        assert "<locals>" not in endpoint.__qualname__, route.path
-        assert getattr(routes, endpoint.__name__) is endpoint, route.path
+    served = [e for e in _endpoints(app.router) if e.__module__ == routes.__name__]
+    assert len(served) == 12  # the registration, two control-plane, eight flow routes, the renewal
+    for endpoint in served:
+        assert "<locals>" not in endpoint.__qualname__, endpoint.__qualname__
+        assert getattr(routes, endpoint.__name__) is endpoint, endpoint.__name__
 
 
 async def test_issue31_two_apps_count_their_own_signals(base_settings: dict[str, Any], cp_token: Any) -> None:

@@ -281,7 +281,7 @@ async def status(flow_id: str, caller: Caller, dps: DpsDep, metrics: MetricsDep)
     return JSONResponse(answer.model_dump(mode="json", by_alias=True))
 
 
-dps_router.include_router(_flows)  # after its routes: including copies them
+dps_router.include_router(_flows)  # /dps/v1/dataflows/...
 
 
 _FORM = "application/x-www-form-urlencoded"
