@@ -4,7 +4,7 @@ once, refreshed before it expires, dropped when an upstream refuses it.
 Every service takes it from `service_token` (CELINE_OIDC_BASE_URL, CELINE_OIDC_CLIENT_ID,
 CELINE_OIDC_CLIENT_SECRET; docs/configuration.md), and `signaling register` asks the same way
 once (`fetch_token`). Each service decides what a failure means for its callers — the gateway's
-`503 ds_unavailable`, the resolver's `row_filter_unavailable` or a retry, the relay's retry and
+`502 ds_unavailable`, the resolver's `row_filter_unavailable` or a retry, the relay's retry and
 `ds_auth` unreadiness, a DPS callback retried later — this module only reports it, fail closed:
 
 - no client id (or no issuer): not configured, no bearer (`get()` is None), a warning at start;

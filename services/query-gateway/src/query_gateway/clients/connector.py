@@ -45,7 +45,7 @@ def connector_http(settings: Settings) -> httpx.AsyncClient:
 
 def service_tokens(http: httpx.AsyncClient, settings: Settings) -> ClientCredentialsToken:
     """This service's own bearer for ds (docs/wire-contracts.md), each fetch bounded like a call
-    to ds; no client configured → no bearer; a failure is `503 ds_unavailable` (`_headers`)."""
+    to ds; no client configured → no bearer; a failure is `502 ds_unavailable` (`_headers`)."""
     return service_token(http, settings, timeout_s=settings.connector_timeout_seconds)
 
 
