@@ -68,10 +68,22 @@ def configure_logging(service: str, level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    for noisy in ("aiokafka", "kafka"):
-        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+    quiet_libraries(root.level)
     # access records stay at INFO whatever LOG_LEVEL says (GS-01)
     logging.getLogger(AUDIT_LOGGER).setLevel(logging.INFO)
+
+
+# libraries that log at INFO what is ours to log, or must not be logged at all. The Kafka clients:
+# every connection and rebalance step. httpx and httpcore: a line per outgoing request with its
+# URL, and a URL may carry personal data — an http_in_list URL the caller's values (RF-08), a
+# did:web document's address the consumer's DID — so they stay quiet at DEBUG too
+QUIET_LIBRARIES = ("aiokafka", "kafka", "httpx", "httpcore")
+
+
+def quiet_libraries(level: int) -> None:
+    """WARNING and above from QUIET_LIBRARIES (or `level`, when that is stricter)."""
+    for name in QUIET_LIBRARIES:
+        logging.getLogger(name).setLevel(max(logging.WARNING, level))
 
 
 def _lean_records() -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-
 from audit_relay.app import create_app
 from audit_relay.settings import Settings
 from dataplane_service_kit.logs import configure_logging
@@ -14,9 +12,7 @@ from dataplane_service_kit.telemetry import setup_telemetry
 
 def main() -> None:
     settings = load_settings(Settings)
-    configure_logging("audit-relay", settings.log_level)
-    # httpx logs every request at INFO; one line per delivered disclosure is noise, not audit
-    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
+    configure_logging("audit-relay", settings.log_level)  # httpx quiet (QUIET_LIBRARIES)
     setup_telemetry("audit-relay")
     serve(create_app(settings), settings)
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable
+import functools
+from collections.abc import AsyncIterator
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer
 from fastapi import FastAPI
 
 from audit_relay.delivery import ConnectorPools, DsSender
@@ -16,9 +17,11 @@ from audit_relay.metrics import Metrics
 from audit_relay.relay import Relay
 from audit_relay.settings import Settings
 from dataplane_service_kit.health import health_router
+from dataplane_service_kit.kafka import KAFKA_STOP_BOUND_S, kafka_producer
 from dataplane_service_kit.logs import get_logger
-from dataplane_service_kit.oauth import ClientCredentialsToken
+from dataplane_service_kit.oauth import service_token
 from dataplane_service_kit.outbound_tls import outbound_http, settings_ssl_context
+from dataplane_service_kit.shutdown import stop_on_exit
 from dataplane_service_kit.telemetry import FASTAPI_TELEMETRY
 
 log = get_logger(__name__)
@@ -37,58 +40,43 @@ def _consumer(settings: Settings) -> AIOKafkaConsumer:
     )
 
 
-def _producer(settings: Settings) -> AIOKafkaProducer:
-    return AIOKafkaProducer(
-        bootstrap_servers=settings.kafka_bootstrap_servers,
-        acks="all",
-        enable_idempotence=settings.kafka_enable_idempotence,
-        linger_ms=0,
-    )
-
-
 def create_app(settings: Settings) -> FastAPI:
     health = Health(settings.audit_relay_unready_grace_s)
     metrics = Metrics()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # the issuer's client; ds gets a pool per connector (ConnectorPools)
-        tls = settings_ssl_context(settings)
-        client = outbound_http(tls, timeout=settings.audit_relay_http_timeout_s, follow_redirects=False)
-        pools = ConnectorPools(
-            max_in_flight=settings.audit_relay_max_in_flight_per_connector,
-            timeout_s=settings.audit_relay_http_timeout_s,
-            tls=tls,
-        )
-        secret = settings.celine_oidc_client_secret
-        token = ClientCredentialsToken(
-            client,
-            token_url=settings.oidc_token_url(),
-            client_id=settings.celine_oidc_client_id,
-            client_secret=secret.get_secret_value() if secret is not None else None,
-            timeout_s=settings.audit_relay_http_timeout_s,
-        )
-        relay = Relay(
-            settings=settings,
-            consumer=_consumer(settings),
-            producer=_producer(settings),
-            sender=DsSender(pools, token, health),
-            health=health,
-            metrics=metrics,
-        )
-        task = asyncio.create_task(relay.run(), name="audit-relay")
-        task.add_done_callback(_report_crash)
-        try:
+        async with contextlib.AsyncExitStack() as stack:
+            # the issuer's client; ds gets a pool per connector (ConnectorPools)
+            tls = settings_ssl_context(settings)
+            client = outbound_http(tls, timeout=settings.audit_relay_http_timeout_s, follow_redirects=False)
+            stop_on_exit(stack, "http_client", client.aclose)
+            pools = ConnectorPools(
+                max_in_flight=settings.audit_relay_max_in_flight_per_connector,
+                timeout_s=settings.audit_relay_http_timeout_s,
+                tls=tls,
+            )
+            stop_on_exit(stack, "connector_pools", pools.aclose)
+            # started by the relay, which retries while no broker answers
+            producer = kafka_producer(settings)
+            stop_on_exit(stack, "kafka_producer", producer.stop, KAFKA_STOP_BOUND_S)
+            consumer = _consumer(settings)
+            stop_on_exit(stack, "kafka_consumer", consumer.stop)
+            token = service_token(client, settings, timeout_s=settings.audit_relay_http_timeout_s)
+            relay = Relay(
+                settings=settings,
+                consumer=consumer,
+                producer=producer,
+                sender=DsSender(pools, token, health),
+                health=health,
+                metrics=metrics,
+            )
+            task = asyncio.create_task(relay.run(), name="audit-relay")
+            task.add_done_callback(_report_crash)
+            stop_on_exit(stack, "relay", functools.partial(_cancelled, task))
+            stop_on_exit(stack, "workers", relay.stop)
+            stack.callback(setattr, health, "consuming", False)
             yield
-        finally:
-            health.consuming = False
-            await _closing("workers", relay.stop())
-            task.cancel()
-            await _closing("relay", _settled(task))
-            await _closing("consumer", relay.consumer.stop())
-            await _closing("producer", relay.producer.stop())
-            await _closing("connector_pools", pools.aclose())
-            await _closing("http_client", client.aclose())
 
     # health and metrics only: no OpenAPI document, no /docs (the Kafka side: docs/asyncapi.yaml)
     app = FastAPI(
@@ -103,25 +91,12 @@ def create_app(settings: Settings) -> FastAPI:
     return app
 
 
-async def _settled(task: asyncio.Task[None]) -> None:
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-
-
-async def _closing(what: str, closing: Awaitable[object]) -> None:
-    """Shut one part down; a failure (the broker gone, say) must not keep the others open.
-    Uncommitted work is safe: it is delivered again, with the same Idempotency-Key."""
-    try:
-        await closing
-    except asyncio.CancelledError:
-        # aiokafka's fetcher leaks the CancelledError of its own task when the broker is gone;
-        # only a cancellation aimed at this task is passed on
-        current = asyncio.current_task()
-        if current is not None and current.cancelling():
-            raise
-        log.warning("shutdown_step_failed", part=what, error="CancelledError")
-    except Exception as exc:
-        log.warning("shutdown_step_failed", part=what, error=type(exc).__name__)
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    """Cancel the poll loop and wait until it has ended. `asyncio.wait` rather than awaiting the
+    task: the loop's own CancelledError is not taken for one aimed at the shutdown (which must
+    still pass, as must the stop's bound); a crash is logged once, by `_report_crash`."""
+    task.cancel()
+    await asyncio.wait([task])
 
 
 def _report_crash(task: asyncio.Task[None]) -> None:

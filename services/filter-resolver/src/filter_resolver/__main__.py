@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 
 from dataplane_service_kit.logs import configure_logging
@@ -13,15 +12,11 @@ from filter_resolver.app import create_app
 from filter_resolver.handlers.plugins import PluginLoadError
 from filter_resolver.settings import Settings
 
-# their request lines carry URLs, and an http_in_list URL may carry a caller's values (RF-08)
-_QUIET = ("httpx", "httpcore")
-
 
 def main() -> None:
     settings = load_settings(Settings)
+    # httpx and httpcore quiet: an http_in_list URL may carry a caller's values (QUIET_LIBRARIES)
     configure_logging("filter-resolver", settings.log_level)
-    for name in _QUIET:
-        logging.getLogger(name).setLevel(logging.WARNING)
     setup_telemetry("filter-resolver")
     try:
         app = create_app(settings)

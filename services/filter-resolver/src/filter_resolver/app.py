@@ -6,22 +6,23 @@ Plugins are loaded in create_app, so a plugin module that cannot be used stops t
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ssl
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import asyncpg
 import httpx
 import redis.asyncio as aioredis
 from fastapi import FastAPI
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 from dataplane_service_kit.health import ReadinessCheck, health_router
 from dataplane_service_kit.logs import get_logger
+from dataplane_service_kit.oauth import service_token
 from dataplane_service_kit.outbound_tls import outbound_http, settings_ssl_context
 from dataplane_service_kit.readiness import BrokerMetadata, CachedProbe
+from dataplane_service_kit.redis_clients import opened_redis
+from dataplane_service_kit.shutdown import stop_on_exit
 from dataplane_service_kit.telemetry import FASTAPI_TELEMETRY
 from filter_resolver.consumer import PlanRequestConsumer
 from filter_resolver.handlers.http_in_list import HttpInListHandler
@@ -48,7 +49,9 @@ REGISTRY_KEEPALIVE_EXPIRY_S = 4.0
 
 @dataclass
 class Runtime:
-    """The clients and the resolver; `checks()` reads it per /readyz request."""
+    """The clients and the resolver; `checks()` reads it per /readyz request. `stops` closes
+    what `open_runtime` opened, each part bounded; the consumer (started once the runtime is
+    built) is stopped before them."""
 
     redis: aioredis.Redis
     http: httpx.AsyncClient
@@ -56,12 +59,18 @@ class Runtime:
     registry: HandlerRegistry
     resolver: Resolver
     broker: BrokerMetadata
+    stops: contextlib.AsyncExitStack[bool | None]
     consumer: PlanRequestConsumer | None = None
 
     def __post_init__(self) -> None:
         # the broker itself is asked (metadata, answer kept 1.5 s): holding partitions says
         # nothing about a broker that stopped answering since
         self._broker_up = CachedProbe(self.broker.fetch, name="kafka")
+        stop_on_exit(self.stops, "kafka_probe", self._broker_up.aclose)
+
+    def start_consumer(self, settings: Settings, metrics: Metrics) -> None:
+        self.consumer = PlanRequestConsumer(settings, self.resolver, metrics)
+        self.consumer.start()
 
     def checks(self) -> Mapping[str, ReadinessCheck]:
         async def kafka() -> bool:
@@ -74,12 +83,8 @@ class Runtime:
 
     async def aclose(self) -> None:
         if self.consumer is not None:
-            await self.consumer.stop()
-        await self._broker_up.aclose()
-        await self.broker.close()
-        await self.http.aclose()
-        await self.pool.close()
-        await self.redis.aclose()
+            await self.consumer.stop()  # its commit and its two clients each bounded (consumer.py)
+        await self.stops.aclose()
 
 
 class DatasetsPool:
@@ -127,36 +132,18 @@ def load_plugins(settings: Settings) -> list[PluginHandler]:
 
 
 def open_runtime(settings: Settings, metrics: Metrics, plugins: list[PluginHandler]) -> Runtime:
-    """Build the clients, the handler registry and the resolver (no Kafka yet)."""
-    redis = aioredis.from_url(
-        settings.redis_url,
-        socket_connect_timeout=settings.redis_connect_timeout_seconds,
-        socket_timeout=settings.redis_socket_timeout_seconds,
-        # a dropped connection is tried once more; a timeout is not (its bound is the bound)
-        retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
-    )
+    """Build the clients, the handler registry and the resolver (no Kafka consumer yet)."""
+    stops: contextlib.AsyncExitStack[bool | None] = contextlib.AsyncExitStack()
+    redis = opened_redis(settings, stops)
     # one trust store for the registry, the issuer, list endpoints and the registry SDK's clients
     tls = settings_ssl_context(settings)
-    http = outbound_http(
-        tls, follow_redirects=False, limits=httpx.Limits(keepalive_expiry=REGISTRY_KEEPALIVE_EXPIRY_S)
-    )
+    http = _outbound_http(tls, stops)
     db_url = settings.datasets_database_url
     pool = DatasetsPool(db_url.get_secret_value() if db_url else None)
-    secret = settings.celine_oidc_client_secret
-    credentials = ClientCredentials(
-        http,
-        token_url=settings.oidc_token_url(),
-        client_id=settings.celine_oidc_client_id,
-        client_secret=secret.get_secret_value() if secret else None,
-        scope=settings.rec_registry_lookup_scope,
-        timeout_s=settings.rec_registry_timeout_seconds,
-    )
-    registry = HandlerRegistry()
-    timeout = settings.rec_registry_timeout_seconds
-    registry.add(RecRegistryHandler(http, credentials, settings.rec_registry_url, timeout, tls))
-    registry.add(HttpInListHandler(http))
-    registry.add(TablePointerHandler(pool.get))
-    registry.extend(plugins)
+    stop_on_exit(stops, "datasets_pool", pool.close)
+    broker = BrokerMetadata(settings.kafka_bootstrap_servers)
+    stop_on_exit(stops, "kafka_metadata", broker.close)
+    registry = _handlers(settings, http, tls, pool, plugins)
     resolver = Resolver(
         redis=redis,
         registry=registry,
@@ -167,13 +154,37 @@ def open_runtime(settings: Settings, metrics: Metrics, plugins: list[PluginHandl
         metrics=metrics,
     )
     return Runtime(
-        redis=redis,
-        http=http,
-        pool=pool,
-        registry=registry,
-        resolver=resolver,
-        broker=BrokerMetadata(settings.kafka_bootstrap_servers),
+        redis=redis, http=http, pool=pool, registry=registry, resolver=resolver, broker=broker, stops=stops
     )
+
+
+def _outbound_http(tls: ssl.SSLContext, stops: contextlib.AsyncExitStack[bool | None]) -> httpx.AsyncClient:
+    http = outbound_http(
+        tls, follow_redirects=False, limits=httpx.Limits(keepalive_expiry=REGISTRY_KEEPALIVE_EXPIRY_S)
+    )
+    stop_on_exit(stops, "http_client", http.aclose)
+    return http
+
+
+def _handlers(
+    settings: Settings,
+    http: httpx.AsyncClient,
+    tls: ssl.SSLContext,
+    pool: DatasetsPool,
+    plugins: list[PluginHandler],
+) -> HandlerRegistry:
+    """The built-in handlers and the plugins; the REC registry's lookups go with this service's
+    own token (RF-05), each fetch bounded like a lookup."""
+    timeout = settings.rec_registry_timeout_seconds
+    credentials = ClientCredentials(
+        service_token(http, settings, timeout_s=timeout, scope=settings.rec_registry_lookup_scope)
+    )
+    registry = HandlerRegistry()
+    registry.add(RecRegistryHandler(http, credentials, settings.rec_registry_url, timeout, tls))
+    registry.add(HttpInListHandler(http))
+    registry.add(TablePointerHandler(pool.get))
+    registry.extend(plugins)
+    return registry
 
 
 def create_app(settings: Settings, metrics: Metrics | None = None) -> FastAPI:
@@ -181,20 +192,20 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> FastAPI:
     plugins = load_plugins(settings)  # before serving: a bad plugin module stops the start
     holder: dict[str, Runtime] = {}
 
-    @asynccontextmanager
+    @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        runtime = open_runtime(settings, metrics, plugins)
-        runtime.consumer = PlanRequestConsumer(settings, runtime.resolver, metrics)
-        runtime.consumer.start()
-        holder["runtime"] = runtime
-        log.info(
-            "filter_resolver_started", handlers=runtime.registry.names(), topic=settings.plan_requests_topic
-        )
-        try:
+        async with contextlib.AsyncExitStack() as stack:
+            runtime = open_runtime(settings, metrics, plugins)
+            stack.push_async_callback(runtime.aclose)  # each of its parts bounded
+            runtime.start_consumer(settings, metrics)
+            holder["runtime"] = runtime
+            stack.callback(holder.pop, "runtime", None)  # /readyz answers "starting" again
+            log.info(
+                "filter_resolver_started",
+                handlers=runtime.registry.names(),
+                topic=settings.plan_requests_topic,
+            )
             yield
-        finally:
-            holder.pop("runtime", None)
-            await runtime.aclose()
 
     def checks() -> Mapping[str, ReadinessCheck]:
         runtime = holder.get("runtime")

@@ -43,7 +43,9 @@ from pydantic import ValidationError
 
 from dataplane_contracts.events import PlanRequest, PlanResolved
 from dataplane_service_kit.backoff import Backoff
+from dataplane_service_kit.kafka import KAFKA_STOP_BOUND_S, kafka_producer
 from dataplane_service_kit.logs import get_logger
+from dataplane_service_kit.shutdown import bounded_stop
 from dataplane_service_kit.telemetry import context_from_kafka_headers, kafka_headers
 from filter_resolver.metrics import Metrics
 from filter_resolver.resolver import Resolver
@@ -119,12 +121,7 @@ class PlanRequestConsumer:
 
     async def _open(self) -> None:
         s = self._settings
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=s.kafka_bootstrap_servers,
-            enable_idempotence=s.kafka_enable_idempotence,
-            acks="all",
-            linger_ms=0,
-        )
+        self._producer = kafka_producer(s)
         await self._producer.start()
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=s.kafka_bootstrap_servers,
@@ -148,12 +145,11 @@ class PlanRequestConsumer:
             # must not hold the close (the requests are read again: at least once)
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.wait_for(asyncio.shield(committing), 5)
-        for client in (consumer, producer):
-            if client is not None:
-                try:
-                    await client.stop()  # the consumer leaves its group here
-                except Exception as exc:
-                    log.warning("kafka_client_stop_failed", error=type(exc).__name__)
+        # the consumer leaves its group here; then what the producer holds is flushed
+        if consumer is not None:
+            await bounded_stop("kafka_consumer", consumer.stop)
+        if producer is not None:
+            await bounded_stop("kafka_producer", producer.stop, KAFKA_STOP_BOUND_S)
 
     async def _run(self) -> None:
         restarts = Backoff(*RESTART_BACKOFF_S)

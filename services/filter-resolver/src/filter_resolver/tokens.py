@@ -1,39 +1,24 @@
 """This service's own identity for the REC registry's delegated lookup (RF-05), never the
-caller's token: the shared client-credentials token, with its failures sorted into transient
-(retried) and final (`row_filter_unavailable`)."""
+caller's token: the shared client-credentials token (`dataplane_service_kit.oauth`), with its
+failures sorted into transient (retried) and final (`row_filter_unavailable`). Unlike the other
+services the resolver has no use for a missing bearer: without complete credentials every
+delegated lookup is final."""
 
 from __future__ import annotations
-
-import httpx
 
 from dataplane_service_kit.oauth import ClientCredentialsToken, TokenUnavailable
 from filter_resolver.errors import TransientUpstream, unavailable
 
+NOT_CONFIGURED = "client credentials are not configured (CELINE_OIDC_*)"
+
 
 class ClientCredentials:
-    def __init__(
-        self,
-        http: httpx.AsyncClient,
-        *,
-        token_url: str | None,
-        client_id: str | None,
-        client_secret: str | None,
-        scope: str,
-        timeout_s: float,
-    ) -> None:
-        self._token = ClientCredentialsToken(
-            http,
-            token_url=token_url,
-            client_id=client_id,
-            client_secret=client_secret,
-            scope=scope or None,
-            timeout_s=timeout_s,
-        )
-        self._has_secret = bool(client_secret)
+    def __init__(self, token: ClientCredentialsToken) -> None:
+        self._token = token
 
     @property
     def configured(self) -> bool:
-        return self._token.configured and self._has_secret
+        return self._token.complete
 
     def invalidate(self) -> None:
         """Drop the cached token (the upstream refused it)."""
@@ -41,7 +26,7 @@ class ClientCredentials:
 
     async def token(self) -> str:
         if not self.configured:
-            raise unavailable("client credentials are not configured (CELINE_OIDC_*)")
+            raise unavailable(NOT_CONFIGURED)
         try:
             token = await self._token.get()
         except TokenUnavailable as exc:
@@ -49,5 +34,5 @@ class ClientCredentials:
                 raise TransientUpstream(str(exc)) from None
             raise unavailable(str(exc)) from None
         if token is None:
-            raise unavailable("client credentials are not configured (CELINE_OIDC_*)")
+            raise unavailable(NOT_CONFIGURED)
         return token

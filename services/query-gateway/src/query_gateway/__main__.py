@@ -8,8 +8,6 @@ from query_gateway.catalogue.early_signals import remember_early_reloads
 def main() -> None:
     # first, before the imports below take their second: a SIGHUP during start-up must not end it
     remember_early_reloads()
-    import logging
-
     from dataplane_service_kit.logs import configure_logging
     from dataplane_service_kit.serve import serve
     from dataplane_service_kit.settings import load_settings
@@ -18,11 +16,7 @@ def main() -> None:
     from query_gateway.settings import Settings
 
     settings = load_settings(Settings)
-    configure_logging("query-gateway", settings.log_level)
-    # httpx writes an INFO line for every outgoing call (each ds authorize of a dataspace
-    # request): hot-path cost with nothing the access record lacks; shown again at DEBUG
-    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
-        logging.getLogger("httpx").setLevel(logging.WARNING)
+    configure_logging("query-gateway", settings.log_level)  # httpx quiet (QUIET_LIBRARIES)
     setup_telemetry("query-gateway")
     serve(create_app(settings), settings)
 

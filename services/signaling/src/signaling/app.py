@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 
 import asyncpg
 from aiokafka import AIOKafkaProducer
@@ -12,20 +12,22 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dataplane_contracts.dps import REFRESH_PATH
 from dataplane_service_kit.docs_ui import serve_docs
 from dataplane_service_kit.errors import ServiceError, install_error_handlers
 from dataplane_service_kit.health import ReadinessCheck, health_router
+from dataplane_service_kit.kafka import started_producer
 from dataplane_service_kit.limits import BodyLimit
 from dataplane_service_kit.logs import get_logger
-from dataplane_service_kit.oauth import ClientCredentialsToken
+from dataplane_service_kit.oauth import service_token
 from dataplane_service_kit.openapi import distribution_version, openapi_document
 from dataplane_service_kit.outbound_tls import outbound_http
 from dataplane_service_kit.request_durations import RequestDurations
 from dataplane_service_kit.request_ids import RequestIds
+from dataplane_service_kit.shutdown import stop_on_exit
 from dataplane_service_kit.telemetry import FASTAPI_TELEMETRY
 from signaling import audit
 from signaling.callback_relay import CallbackRelay
@@ -53,15 +55,8 @@ def _build_dps(settings: Settings, state: AppState) -> Dps:
     if key is None or not issuer or not jwks_uri or not token_url or not settings.celine_oidc_audience:
         # Settings validation already refuses this; never serve signalling without them
         raise RuntimeError("DPS_ENABLED needs DPS_TOKEN_SIGNING_KEY and the CELINE_OIDC_* settings")
-    tokens = None
-    if settings.celine_oidc_client_id and settings.celine_oidc_client_secret:
-        tokens = ClientCredentialsToken(
-            state.http,
-            token_url=token_url,
-            client_id=settings.celine_oidc_client_id,
-            client_secret=settings.celine_oidc_client_secret.get_secret_value(),
-            timeout_s=settings.callback_timeout_seconds,  # used for callbacks only
-        )
+    # used for callbacks only, each fetch bounded like a callback; no client id: no bearer
+    tokens = service_token(state.http, settings, timeout_s=settings.callback_timeout_seconds)
     relay = state.relay
     signer = PullTokenSigner(key, settings.dps_token_key_id, settings.dps_token_ttl_seconds)
     on_commit = relay.wake if relay is not None else (lambda: None)
@@ -119,61 +114,64 @@ def _build_dps(settings: Settings, state: AppState) -> Dps:
 def _lifespan(settings: Settings, metrics: Metrics):  # type: ignore[no-untyped-def]
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine = create_async_engine(
-            settings.database_url,
-            pool_size=settings.db_pool_size,
-            pool_pre_ping=True,
-            pool_timeout=settings.db_acquire_timeout_seconds,
-            # asyncpg's own: opening a connection, and every statement (the pre-ping included)
-            connect_args={
-                "timeout": settings.db_acquire_timeout_seconds,
-                "command_timeout": settings.db_command_timeout_seconds,
-            },
-        )
-        try:
-            await check_at_head(engine)
-        except Exception as exc:
-            log.error("startup_refused", reason=str(exc))
-            await engine.dispose()
-            raise
-        http = outbound_http(settings, timeout=settings.callback_timeout_seconds)
-        producer = AIOKafkaProducer(
-            bootstrap_servers=settings.kafka_bootstrap_servers,
-            acks="all",
-            enable_idempotence=settings.kafka_enable_idempotence,
-        )
-        await producer.start()
-        relay = None
-        if settings.outbox_relay_enabled:
-            relay = OutboxRelay(
-                engine,
-                producer,
-                settings.outbox_poll_interval_ms / 1000,
-                settings.outbox_batch_size,
-                metrics=metrics,
-            )
-        gauge = FlowGauge(engine, metrics, settings.flow_metrics_interval_seconds)
-        state = AppState(settings, engine, http, producer, relay, metrics, gauge, None)
-        if settings.dps_enabled:
-            state.dps = _build_dps(settings, state)
-        app.state.signaling = state
-        if relay is not None:
-            relay.start()
-        if state.dps is not None and settings.dps_callback_relay_enabled:
-            state.dps.callbacks.start()  # delivers what any replica's 202 promised
-        log.info("signaling_started", dps_enabled=settings.dps_enabled, relay=relay is not None)
-        try:
+        async with AsyncExitStack() as stack:
+            engine = await _flows_database(settings, stack)
+            http = outbound_http(settings, timeout=settings.callback_timeout_seconds)
+            stop_on_exit(stack, "http_client", http.aclose)
+            producer = await started_producer(settings, stack)
+            relay = _outbox_relay(settings, engine, producer, metrics, stack)
+            gauge = FlowGauge(engine, metrics, settings.flow_metrics_interval_seconds)
+            state = AppState(settings, engine, http, producer, relay, metrics, gauge, None)
+            if settings.dps_enabled:
+                state.dps = _build_dps(settings, state)
+                if settings.dps_callback_relay_enabled:
+                    state.dps.callbacks.start()  # delivers what any replica's 202 promised
+                    stop_on_exit(stack, "callback_relay", state.dps.callbacks.stop)
+            app.state.signaling = state
+            log.info("signaling_started", dps_enabled=settings.dps_enabled, relay=relay is not None)
             yield
-        finally:
-            if state.dps is not None:
-                await state.dps.callbacks.stop()
-            if relay is not None:
-                await relay.stop()
-            await producer.stop()
-            await http.aclose()
-            await engine.dispose()
 
     return lifespan
+
+
+async def _flows_database(settings: Settings, stack: AsyncExitStack[bool | None]) -> AsyncEngine:
+    """The flows database's engine, refused (`startup_refused`) unless its schema is at head."""
+    engine = create_async_engine(
+        settings.database_url,
+        pool_size=settings.db_pool_size,
+        pool_pre_ping=True,
+        pool_timeout=settings.db_acquire_timeout_seconds,
+        # asyncpg's own: opening a connection, and every statement (the pre-ping included)
+        connect_args={
+            "timeout": settings.db_acquire_timeout_seconds,
+            "command_timeout": settings.db_command_timeout_seconds,
+        },
+    )
+    stop_on_exit(stack, "flows_database", engine.dispose)
+    try:
+        await check_at_head(engine)
+    except Exception as exc:
+        log.error("startup_refused", reason=str(exc))
+        raise
+    return engine
+
+
+def _outbox_relay(
+    settings: Settings,
+    engine: AsyncEngine,
+    producer: AIOKafkaProducer,
+    metrics: Metrics,
+    stack: AsyncExitStack[bool | None],
+) -> OutboxRelay | None:
+    """The flow events' outbox relay (OUTBOX_RELAY_ENABLED), started and stopped here."""
+    if not settings.outbox_relay_enabled:
+        return None
+    relay = OutboxRelay(
+        engine, producer, settings.outbox_poll_interval_ms / 1000, settings.outbox_batch_size, metrics=metrics
+    )
+    relay.start()
+    stop_on_exit(stack, "outbox_relay", relay.stop)
+    return relay
 
 
 def _checks(app: FastAPI) -> Mapping[str, ReadinessCheck]:
@@ -317,8 +315,8 @@ def create_app(settings: Settings) -> FastAPI:
     # /metrics renders this app's registry (readiness_dependency_up is registered on it too)
     app.include_router(health_router(lambda: _checks(app), registry=metrics.registry))
     if settings.dps_enabled:  # DPS-01: nothing under /dps exists otherwise
-        app.include_router(dps_router(metrics))
-        app.include_router(token_router(metrics))
+        app.include_router(dps_router)
+        app.include_router(token_router)
     return app
 
 

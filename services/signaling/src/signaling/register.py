@@ -27,6 +27,7 @@ from pydantic_settings import SettingsConfigDict
 
 from dataplane_contracts.dps import SIGNALING_PATH, canonical_transfer_type
 from dataplane_contracts.settings import BASE_CONFIG, OidcSettings, OutboundTlsSettings
+from dataplane_service_kit.oauth import TokenUnavailable, fetch_token
 from dataplane_service_kit.outbound_tls import outbound_http_sync
 from dataplane_service_kit.settings import load_settings
 from signaling.settings import DpsIdentitySettings
@@ -141,21 +142,10 @@ def _credentials(settings: RegisterSettings, http: httpx.Client) -> dict[str, st
         )
     token_url = settings.oidc_token_url()
     assert token_url is not None  # checked by the settings
-    form = {
-        "grant_type": "client_credentials",
-        "client_id": client_id,
-        "client_secret": secret.get_secret_value(),
-    }
     try:
-        answer = http.post(token_url, data=form)
-    except httpx.HTTPError as exc:
-        raise RegistrationFailed(f"token endpoint unreachable: {type(exc).__name__}") from None
-    try:
-        token = answer.json().get("access_token") if answer.status_code == 200 else None
-    except (ValueError, AttributeError):
-        token = None
-    if not isinstance(token, str) or not token:
-        raise RegistrationFailed(f"token endpoint answered {answer.status_code} without an access token")
+        token = fetch_token(http, token_url, client_id, secret.get_secret_value())
+    except TokenUnavailable as exc:  # names the issuer's status or the transport error's class only
+        raise RegistrationFailed(str(exc)) from None
     return {"Authorization": f"Bearer {token}"}
 
 

@@ -2,7 +2,10 @@
 
 Every route authenticates first (SignallingRoute), then handlers parse, authorise and delegate to
 FlowService; refusals are ServiceErrors rendered (and audited) once by the handlers installed in
-app.py."""
+app.py. The handlers are module-level functions on two module-level routers (`dps_router`,
+`token_router`) that an app includes; what a handler needs of the lifespan's state it declares as
+a dependency (`AppStateDep`, `DpsDep`, `MetricsDep`, `Caller`), read from `app.state.signaling`
+through the one typed accessor of signaling.state."""
 
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ from signaling import openapi as api
 from signaling import repository
 from signaling.metrics import Metrics
 from signaling.oidc import InvalidToken
-from signaling.state import Dps, app_state, dps_state
+from signaling.state import AppState, Dps, app_state, dps_state
 
 
 async def authenticate(request: Request) -> str:
@@ -80,8 +83,15 @@ def signalling_caller(request: Request) -> str:
     return caller
 
 
+def app_metrics(request: Request) -> Metrics:
+    """This app's registry (the one its /metrics serves)."""
+    return app_state(request).metrics
+
+
 Caller = Annotated[str, Depends(signalling_caller)]
+AppStateDep = Annotated[AppState, Depends(app_state)]
 DpsDep = Annotated[Dps, Depends(dps_state)]
+MetricsDep = Annotated[Metrics, Depends(app_metrics)]
 
 
 def _ok(metrics: Metrics, signal: str) -> None:
@@ -100,197 +110,204 @@ def _status(msg: DataFlowStatusMessage) -> JSONResponse:
     return JSONResponse(msg.wire())
 
 
-def dps_router(metrics: Metrics) -> APIRouter:
-    """`/dps`: this data plane's registration, the control planes and the flows, each route behind
-    SignallingRoute (DPS-02 before anything else)."""
-    router = APIRouter(prefix="/dps", route_class=SignallingRoute, tags=["dps"])
-    flows = APIRouter(prefix=SIGNALING_PATH.removeprefix("/dps"), route_class=SignallingRoute)
+# `/dps`: this data plane's registration, the control planes and the flows, each route behind
+# SignallingRoute (DPS-02 before anything else); mounted only when DPS_ENABLED (app.py)
+dps_router = APIRouter(prefix="/dps", route_class=SignallingRoute, tags=["dps"])
+_flows = APIRouter(prefix=SIGNALING_PATH.removeprefix("/dps"), route_class=SignallingRoute)
 
-    @router.get(
-        "/registration",
-        **api.signal(
-            "This data plane's registration (DPS-10)", *api.REGISTRATION, ok=DataPlaneRegistrationMessage
-        ),
+
+@dps_router.get(
+    "/registration",
+    **api.signal(
+        "This data plane's registration (DPS-10)", *api.REGISTRATION, ok=DataPlaneRegistrationMessage
+    ),
+)
+async def registration(state: AppStateDep, _: Caller, metrics: MetricsDep) -> JSONResponse:
+    """DPS-10: EDC's data-plane registration body, without the authorization profile."""
+    settings = state.settings
+    msg = DataPlaneRegistrationMessage(
+        dataplaneId=settings.dps_dataplane_id,
+        endpoint=settings.dps_signaling_url.rstrip("/") + SIGNALING_PATH,
+        transferTypes=list(settings.dps_transfer_types),
+        labels=list(settings.dps_labels),
     )
-    async def registration(request: Request, _: Caller) -> JSONResponse:
-        """DPS-10: EDC's data-plane registration body, without the authorization profile."""
-        settings = app_state(request).settings
-        msg = DataPlaneRegistrationMessage(
-            dataplaneId=settings.dps_dataplane_id,
-            endpoint=settings.dps_signaling_url.rstrip("/") + SIGNALING_PATH,
-            transferTypes=list(settings.dps_transfer_types),
-            labels=list(settings.dps_labels),
-        )
-        _ok(metrics, "registration")
-        return JSONResponse(msg.model_dump(mode="json", by_alias=True))
+    _ok(metrics, "registration")
+    return JSONResponse(msg.model_dump(mode="json", by_alias=True))
 
-    @router.put(
-        "/v1/controlplanes",
-        **api.signal("Register or replace a control plane (DPS-11)", *api.CONTROL_PLANE_PUT),
-    )
-    async def register_control_plane(
-        msg: ControlPlaneRegistrationMessage, caller: Caller, request: Request
-    ) -> Response:
-        """DPS-11: register or replace; the authorization profile is accepted and dropped."""
-        async with app_state(request).engine.begin() as conn:
-            ok = await repository.register_control_plane(conn, msg.controlplane_id, msg.endpoint, caller)
-        if not ok:
-            raise ServiceError("control_plane_taken", "this control plane id is registered by another client")
-        _ok(metrics, "controlplanes")
-        return Response(status_code=200)
 
-    @router.delete(
-        "/v1/controlplanes/{controlplane_id}",
-        **api.signal(
-            "Remove a control plane registration (DPS-11)", *api.CONTROL_PLANE_DELETE, ok_status=204
-        ),
-    )
-    async def delete_control_plane(controlplane_id: str, caller: Caller, request: Request) -> Response:
-        async with app_state(request).engine.begin() as conn:
-            ok = await repository.delete_control_plane(conn, controlplane_id, caller)
-        if not ok:
-            raise ServiceError("control_plane_not_found", "no such control plane registration")
-        _ok(metrics, "controlplanes")
-        return Response(status_code=204)
+@dps_router.put(
+    "/v1/controlplanes",
+    **api.signal("Register or replace a control plane (DPS-11)", *api.CONTROL_PLANE_PUT),
+)
+async def register_control_plane(
+    msg: ControlPlaneRegistrationMessage, caller: Caller, state: AppStateDep, metrics: MetricsDep
+) -> Response:
+    """DPS-11: register or replace; the authorization profile is accepted and dropped."""
+    async with state.engine.begin() as conn:
+        ok = await repository.register_control_plane(conn, msg.controlplane_id, msg.endpoint, caller)
+    if not ok:
+        raise ServiceError("control_plane_taken", "this control plane id is registered by another client")
+    _ok(metrics, "controlplanes")
+    return Response(status_code=200)
 
-    @flows.post(
-        "/prepare",
-        **api.signal(
-            "Prepare a consumer-side flow (DPS-04)",
-            *api.PREPARE,
-            ok=DataFlowStatusMessage,
-            description=api.SPELLINGS + api.ASYNCHRONOUS,
-            accepted=True,
-        ),
-    )
-    async def prepare(msg: DataFlowPrepareMessage, caller: Caller, dps: DpsDep) -> JSONResponse:
-        answer = await dps.flows.prepare(msg, caller)
-        _ok(metrics, "prepare")
-        return _status(answer)
 
-    @flows.post(
-        "/start",
-        **api.signal(
-            "Start a provider-side pull flow: the pull address and its token (DPS-05, DPS-06)",
-            *api.START,
-            ok=DataFlowStatusMessage,
-            description=api.START_DESCRIPTION + api.ASYNCHRONOUS,
-            accepted=True,
-        ),
-    )
-    async def start(msg: DataFlowStartMessage, caller: Caller, dps: DpsDep) -> JSONResponse:
-        answer = await dps.flows.start(msg, caller)
-        _ok(metrics, "start")
-        return _status(answer)
+@dps_router.delete(
+    "/v1/controlplanes/{controlplane_id}",
+    **api.signal("Remove a control plane registration (DPS-11)", *api.CONTROL_PLANE_DELETE, ok_status=204),
+)
+async def delete_control_plane(
+    controlplane_id: str, caller: Caller, state: AppStateDep, metrics: MetricsDep
+) -> Response:
+    async with state.engine.begin() as conn:
+        ok = await repository.delete_control_plane(conn, controlplane_id, caller)
+    if not ok:
+        raise ServiceError("control_plane_not_found", "no such control plane registration")
+    _ok(metrics, "controlplanes")
+    return Response(status_code=204)
 
-    @flows.post(
-        "/{flow_id}/started",
-        **api.signal("The provider started a consumer-side flow (DPS-07)", *api.STARTED),
-    )
-    async def started(
-        flow_id: str,
-        caller: Caller,
-        dps: DpsDep,
-        msg: Annotated[DataFlowStartedMessage | None, Body()] = None,
-    ) -> Response:
-        await dps.flows.started(flow_id, None if msg is None else msg.data_address, caller)
-        _ok(metrics, "started")
-        return Response(status_code=200)
 
-    @flows.post(
-        "/{flow_id}/suspend", **api.signal("Suspend a flow; its token dies (DPS-07)", *api.TRANSITION)
-    )
-    async def suspend(
-        flow_id: str,
-        caller: Caller,
-        dps: DpsDep,
-        msg: Annotated[DataFlowSuspendMessage | None, Body()] = None,
-    ) -> Response:
-        await dps.flows.suspend(flow_id, caller)
-        _ok(metrics, "suspend")
-        return Response(status_code=200)
+@_flows.post(
+    "/prepare",
+    **api.signal(
+        "Prepare a consumer-side flow (DPS-04)",
+        *api.PREPARE,
+        ok=DataFlowStatusMessage,
+        description=api.SPELLINGS + api.ASYNCHRONOUS,
+        accepted=True,
+    ),
+)
+async def prepare(
+    msg: DataFlowPrepareMessage, caller: Caller, dps: DpsDep, metrics: MetricsDep
+) -> JSONResponse:
+    answer = await dps.flows.prepare(msg, caller)
+    _ok(metrics, "prepare")
+    return _status(answer)
 
-    @flows.post(
-        "/{flow_id}/resume",
-        **api.signal(
-            "Resume a suspended flow; a provider flow gets a new token (DPS-07)",
-            *api.TRANSITION,
-            ok=DataFlowStatusMessage,
-        ),
-    )
-    async def resume(
-        flow_id: str,
-        caller: Caller,
-        dps: DpsDep,
-        msg: Annotated[DataFlowResumeMessage | None, Body()] = None,
-    ) -> JSONResponse:
-        answer = await dps.flows.resume(flow_id, None if msg is None else msg.data_address, caller)
-        _ok(metrics, "resume")
-        return _status(answer)
 
-    @flows.post(
-        "/{flow_id}/terminate",
-        **api.signal("Terminate a flow; idempotent, its token dies (DPS-07)", *api.TRANSITION),
-    )
-    async def terminate(
-        flow_id: str,
-        caller: Caller,
-        dps: DpsDep,
-        msg: Annotated[DataFlowTerminateMessage | None, Body()] = None,
-    ) -> Response:
-        await dps.flows.terminate(flow_id, caller)
-        _ok(metrics, "terminate")
-        return Response(status_code=200)
+@_flows.post(
+    "/start",
+    **api.signal(
+        "Start a provider-side pull flow: the pull address and its token (DPS-05, DPS-06)",
+        *api.START,
+        ok=DataFlowStatusMessage,
+        description=api.START_DESCRIPTION + api.ASYNCHRONOUS,
+        accepted=True,
+    ),
+)
+async def start(msg: DataFlowStartMessage, caller: Caller, dps: DpsDep, metrics: MetricsDep) -> JSONResponse:
+    answer = await dps.flows.start(msg, caller)
+    _ok(metrics, "start")
+    return _status(answer)
 
-    @flows.post(
-        "/{flow_id}/completed", **api.signal("Complete a flow; its token dies (DPS-07)", *api.COMPLETED)
-    )
-    async def completed(flow_id: str, caller: Caller, dps: DpsDep) -> Response:
-        """The body (normally `{}`) is ignored."""
-        await dps.flows.completed(flow_id, caller)
-        _ok(metrics, "completed")
-        return Response(status_code=200)
 
-    @flows.get(
-        "/{flow_id}/status",
-        **api.signal("A flow's state (DPS-08)", *api.STATUS, ok=DataFlowStatusResponse),
-    )
-    async def status(flow_id: str, caller: Caller, dps: DpsDep) -> JSONResponse:
-        answer = await dps.flows.status(flow_id, caller)
-        _ok(metrics, "status")
-        return JSONResponse(answer.model_dump(mode="json", by_alias=True))
+@_flows.post(
+    "/{flow_id}/started", **api.signal("The provider started a consumer-side flow (DPS-07)", *api.STARTED)
+)
+async def started(
+    flow_id: str,
+    caller: Caller,
+    dps: DpsDep,
+    metrics: MetricsDep,
+    msg: Annotated[DataFlowStartedMessage | None, Body()] = None,
+) -> Response:
+    await dps.flows.started(flow_id, None if msg is None else msg.data_address, caller)
+    _ok(metrics, "started")
+    return Response(status_code=200)
 
-    router.include_router(flows)
-    return router
+
+@_flows.post("/{flow_id}/suspend", **api.signal("Suspend a flow; its token dies (DPS-07)", *api.TRANSITION))
+async def suspend(
+    flow_id: str,
+    caller: Caller,
+    dps: DpsDep,
+    metrics: MetricsDep,
+    msg: Annotated[DataFlowSuspendMessage | None, Body()] = None,
+) -> Response:
+    await dps.flows.suspend(flow_id, caller)
+    _ok(metrics, "suspend")
+    return Response(status_code=200)
+
+
+@_flows.post(
+    "/{flow_id}/resume",
+    **api.signal(
+        "Resume a suspended flow; a provider flow gets a new token (DPS-07)",
+        *api.TRANSITION,
+        ok=DataFlowStatusMessage,
+    ),
+)
+async def resume(
+    flow_id: str,
+    caller: Caller,
+    dps: DpsDep,
+    metrics: MetricsDep,
+    msg: Annotated[DataFlowResumeMessage | None, Body()] = None,
+) -> JSONResponse:
+    answer = await dps.flows.resume(flow_id, None if msg is None else msg.data_address, caller)
+    _ok(metrics, "resume")
+    return _status(answer)
+
+
+@_flows.post(
+    "/{flow_id}/terminate",
+    **api.signal("Terminate a flow; idempotent, its token dies (DPS-07)", *api.TRANSITION),
+)
+async def terminate(
+    flow_id: str,
+    caller: Caller,
+    dps: DpsDep,
+    metrics: MetricsDep,
+    msg: Annotated[DataFlowTerminateMessage | None, Body()] = None,
+) -> Response:
+    await dps.flows.terminate(flow_id, caller)
+    _ok(metrics, "terminate")
+    return Response(status_code=200)
+
+
+@_flows.post("/{flow_id}/completed", **api.signal("Complete a flow; its token dies (DPS-07)", *api.COMPLETED))
+async def completed(flow_id: str, caller: Caller, dps: DpsDep, metrics: MetricsDep) -> Response:
+    """The body (normally `{}`) is ignored."""
+    await dps.flows.completed(flow_id, caller)
+    _ok(metrics, "completed")
+    return Response(status_code=200)
+
+
+@_flows.get(
+    "/{flow_id}/status", **api.signal("A flow's state (DPS-08)", *api.STATUS, ok=DataFlowStatusResponse)
+)
+async def status(flow_id: str, caller: Caller, dps: DpsDep, metrics: MetricsDep) -> JSONResponse:
+    answer = await dps.flows.status(flow_id, caller)
+    _ok(metrics, "status")
+    return JSONResponse(answer.model_dump(mode="json", by_alias=True))
+
+
+dps_router.include_router(_flows)  # /dps/v1/dataflows/...
 
 
 _FORM = "application/x-www-form-urlencoded"
 MAX_FORM_BYTES = 16 * 1024
 
+# the consumer's renewal of an http-pull token: authenticated by its client JWT (renewal.py), not
+# by a control plane's token, so outside SignallingRoute
+token_router = APIRouter()
 
-def token_router(metrics: Metrics) -> APIRouter:
-    """The consumer's renewal of an http-pull token: authenticated by its client JWT (renewal.py),
-    not by a control plane's token, so outside SignallingRoute."""
-    router = APIRouter()
 
-    @router.post(REFRESH_PATH, **api.token_route())
-    async def renew_token(request: Request, dps: DpsDep) -> JSONResponse:
-        """RFC 6749 section 6 (refresh_token grant) answered per its section 5.1, never cached."""
-        if request.headers.get("content-type", "").split(";")[0].strip().lower() != _FORM:
-            raise ServiceError("invalid_refresh_request", "the renewal must be an url-encoded form")
-        raw = await request.body()
-        if len(raw) > MAX_FORM_BYTES:
-            raise ServiceError("invalid_refresh_request", "the renewal form is too large")
-        try:
-            form = parse_qs(raw.decode("ascii"), keep_blank_values=True, strict_parsing=bool(raw))
-        except (UnicodeDecodeError, ValueError):
-            raise ServiceError("invalid_refresh_request", "the renewal form cannot be read") from None
+@token_router.post(REFRESH_PATH, **api.token_route())
+async def renew_token(request: Request, dps: DpsDep, metrics: MetricsDep) -> JSONResponse:
+    """RFC 6749 section 6 (refresh_token grant) answered per its section 5.1, never cached."""
+    if request.headers.get("content-type", "").split(";")[0].strip().lower() != _FORM:
+        raise ServiceError("invalid_refresh_request", "the renewal must be an url-encoded form")
+    raw = await request.body()
+    if len(raw) > MAX_FORM_BYTES:
+        raise ServiceError("invalid_refresh_request", "the renewal form is too large")
+    try:
+        form = parse_qs(raw.decode("ascii"), keep_blank_values=True, strict_parsing=bool(raw))
+    except (UnicodeDecodeError, ValueError):
+        raise ServiceError("invalid_refresh_request", "the renewal form cannot be read") from None
 
-        def identified(did: str) -> None:
-            request.state.caller = did  # named in the access record once its JWT verified
+    def identified(did: str) -> None:
+        request.state.caller = did  # named in the access record once its JWT verified
 
-        renewed = await dps.renewal.renew(form, bearer(request.headers.get("authorization")), identified)
-        _ok(metrics, "token")
-        return JSONResponse(renewed.wire(), headers={"Cache-Control": "no-store", "Pragma": "no-cache"})
-
-    return router
+    renewed = await dps.renewal.renew(form, bearer(request.headers.get("authorization")), identified)
+    _ok(metrics, "token")
+    return JSONResponse(renewed.wire(), headers={"Cache-Control": "no-store", "Pragma": "no-cache"})

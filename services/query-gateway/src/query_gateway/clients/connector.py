@@ -17,7 +17,7 @@ from dataplane_service_kit.connectors import ConnectorNotConfigured, UnroutableP
 from dataplane_service_kit.errors import ServiceError
 from dataplane_service_kit.jwks import KeySet, KeySetUnavailable, NoUsableKey
 from dataplane_service_kit.logs import get_logger
-from dataplane_service_kit.oauth import ClientCredentialsToken, TokenUnavailable
+from dataplane_service_kit.oauth import ClientCredentialsToken, TokenUnavailable, service_token
 from dataplane_service_kit.outbound_tls import outbound_http
 from query_gateway.clients.decision_cache import DsDecisionCache, decision_key
 from query_gateway.clients.verified import VerifiedTokens, exp_of, memoisable
@@ -44,15 +44,9 @@ def connector_http(settings: Settings) -> httpx.AsyncClient:
 
 
 def service_tokens(http: httpx.AsyncClient, settings: Settings) -> ClientCredentialsToken:
-    """This service's own bearer for ds (docs/wire-contracts.md); no client configured → no bearer."""
-    secret = settings.celine_oidc_client_secret
-    return ClientCredentialsToken(
-        http,
-        token_url=settings.oidc_token_url(),
-        client_id=settings.celine_oidc_client_id,
-        client_secret=secret.get_secret_value() if secret is not None else None,
-        timeout_s=settings.connector_timeout_seconds,
-    )
+    """This service's own bearer for ds (docs/wire-contracts.md), each fetch bounded like a call
+    to ds; no client configured → no bearer; a failure is `502 ds_unavailable` (`_headers`)."""
+    return service_token(http, settings, timeout_s=settings.connector_timeout_seconds)
 
 
 @dataclass(frozen=True)
