@@ -15,6 +15,7 @@ from audit_relay.health import Health
 from audit_relay.metrics import Metrics
 from audit_relay.relay import Relay
 from audit_relay.settings import Settings
+from dataplane_service_kit import front_door
 from dataplane_service_kit.health import health_router
 from dataplane_service_kit.logs import get_logger
 from dataplane_service_kit.oauth import ClientCredentialsToken
@@ -100,6 +101,7 @@ def create_app(settings: Settings) -> FastAPI:
         telemetry=FASTAPI_TELEMETRY,
     )
     app.include_router(health_router(health.checks, registry=metrics.registry))
+    front_door.install(app)  # request ids and server spans, as on every service
     return app
 
 

@@ -18,6 +18,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from dataplane_service_kit import front_door
 from dataplane_service_kit.health import ReadinessCheck, health_router
 from dataplane_service_kit.logs import get_logger
 from dataplane_service_kit.outbound_tls import outbound_http, settings_ssl_context
@@ -212,6 +213,7 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> FastAPI:
         telemetry=FASTAPI_TELEMETRY,
     )
     app.include_router(health_router(checks, registry=metrics.registry))
+    front_door.install(app)  # request ids and server spans, as on every service
     return app
 
 

@@ -14,18 +14,16 @@ from fastapi import FastAPI
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dataplane_contracts.catalogue import Catalogue
+from dataplane_service_kit import front_door
 from dataplane_service_kit.docs_ui import serve_docs
 from dataplane_service_kit.errors import install_error_handlers
 from dataplane_service_kit.health import ReadinessCheck, health_router
-from dataplane_service_kit.limits import BodyLimit
 from dataplane_service_kit.logs import get_logger
 from dataplane_service_kit.openapi import distribution_version, openapi_document
 from dataplane_service_kit.readiness import DEFAULT_PROBE_TIMEOUT_S, CachedProbe
-from dataplane_service_kit.request_durations import RequestDurations
-from dataplane_service_kit.telemetry import FASTAPI_TELEMETRY, ServerSpans
+from dataplane_service_kit.telemetry import FASTAPI_TELEMETRY
 from query_gateway import openapi as api
 from query_gateway.catalogue.load import CatalogueRefused, check_catalogue, parse_catalogue
 from query_gateway.catalogue.reload import watch_catalogue
@@ -265,27 +263,14 @@ async def _bounded_stop(producer: AIOKafkaProducer) -> None:
         await asyncio.wait_for(producer.stop(), 10)
 
 
-class GatewayApp(FastAPI):
-    """The FastAPI app behind the query routes' plain door: every request meets `door` first
-    (routes.py), which answers the well-formed query requests and hands the rest to FastAPI."""
-
-    door: ASGIApp
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.door(scope, receive, send)
-
-    async def framework(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await super().__call__(scope, receive, send)
-
-
 def create_app(settings: Settings) -> FastAPI:
-    app = GatewayApp(
+    app = FastAPI(
         title="query-gateway",
         summary="SQL over governed datasets: the normal path, the legacy EDR path, DPS pulls",
         version=distribution_version("dataplane-query-gateway"),
         lifespan=_lifespan,
-        # served by FastAPI behind the plain door (which passes every other route on): the
-        # document describes the query routes as both doors answer them (query_gateway.openapi)
+        # the document describes the query routes as the fast path and FastAPI both answer them
+        # (query_gateway.openapi)
         openapi_url="/openapi.json",
         docs_url=None,  # served from the package (dataplane_service_kit.docs_ui), not a CDN
         redoc_url=None,
@@ -307,22 +292,16 @@ def create_app(settings: Settings) -> FastAPI:
         app, "invalid_request", "invalid_body", expected_fields=tuple(QueryBody.model_fields)
     )
     install_profile_errors(app)  # the records routes' 400 invalid_request (docs/records.md)
-    # the query routes' plain-ASGI front door (routes.py), in front of everything FastAPI adds:
-    # a well-formed request is answered there; what it passes on meets the body limit below
-    app.door = QueryRoutes(
-        app.framework,
-        settings.dps_enabled,
-        max_bytes=settings.query_max_body_bytes,
-        spans=ServerSpans(),
-        state=app.state,
-        metrics=metrics,
-    )
-    app.add_middleware(RequestDurations, histogram=metrics.request_duration)
-    # before any route reads the body: FastAPI decodes it before the handler runs
-    app.add_middleware(
-        BodyLimit,
-        max_bytes=settings.query_max_body_bytes,
-        refused=body_refusals(settings.dps_enabled, metrics),
+    # innermost: the query routes' fast path (routes.py); every middleware added after it sees
+    # every request, the fast path's included
+    app.add_middleware(QueryRoutes, dps_enabled=settings.dps_enabled, state=app.state)
+    # outermost: the front door every request passes (request id, body bound, span, metrics)
+    front_door.install(
+        app,
+        max_body_bytes=settings.query_max_body_bytes,
+        durations=metrics.request_duration,
+        requests=metrics.requests,
+        refused=body_refusals(settings.dps_enabled),
     )
 
     def checks() -> Mapping[str, ReadinessCheck]:
