@@ -5,15 +5,20 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import logging
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import pytest
+from fastapi import FastAPI
 
 from dataplane_local.doubles.otlp_receiver import OtlpReceiver, SpanRecord
+from dataplane_local.doubles.server import serve_in_thread
 from dataplane_service_kit.telemetry import REQUEST_ID_ATTRIBUTE, SERVER_SCOPE
 
+from .metrics import series
 from .polling import wait_for
 
 PROBES = ("/healthz", "/readyz", "/metrics")
@@ -114,3 +119,48 @@ def assert_records(log: str, asked: list[Asked], recorded: set[str]) -> None:
         if a.case.name in recorded:
             ids = {r["request_id"] for r in records}
             assert set(a.ids) <= ids, (a.case.name, a.ids)
+
+
+async def exchanged(
+    url: str,
+    cases: list[Case],
+    receiver: OtlpReceiver,
+    service: str,
+    log: Callable[[], str],
+    recorded: set[str],
+) -> str:
+    """Ask each case of a running service and check every id (answers, spans, the access records
+    of the cases in `recorded`); the service's /metrics text after."""
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        asked = await ask(client, cases)
+        scraped = (await client.get("/metrics")).text
+    assert_ids(asked)
+    await assert_spans(receiver, service, asked)
+    assert_records(log(), asked, recorded)
+    return scraped
+
+
+def assert_counted(scraped: str, service: str, counted: dict[tuple[str, str, str], float]) -> None:
+    """Each (route, status, code) counted so many times, and timed under (route, status)."""
+    for (route, status, code), n in counted.items():
+        labels = {"route": route, "status": status, "code": code}
+        assert series(scraped, f"{service}_requests_total", **labels) == n, labels
+        timed = series(scraped, f"{service}_request_duration_seconds_count", route=route, status=status)
+        assert timed >= n, labels
+
+
+async def fault_answered(app: FastAPI, case: Case, caplog: pytest.LogCaptureFixture) -> Asked:
+    """`case` asked of `app` served without its lifespan (nothing it opens is there, so a route
+    that needs it fails with a fault of ours): 500 internal_error with the request's id, which the
+    fault's one log line names."""
+    server = serve_in_thread(app, lifespan=False)
+    caplog.set_level(logging.ERROR, logger="dataplane_service_kit.errors")
+    try:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            [asked] = await ask(client, [case])
+    finally:
+        server.stop()
+    assert_ids([asked])
+    assert {r.json()["error"] for r in (*asked.fresh, asked.own)} == {"internal_error"}
+    assert [r.msg["request_id"] for r in caplog.records if isinstance(r.msg, dict)] == asked.ids
+    return asked

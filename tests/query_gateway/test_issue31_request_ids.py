@@ -8,22 +8,19 @@ receiver double, its access records read from its log."""
 
 from __future__ import annotations
 
-import logging
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from dataplane_local.doubles.otlp_receiver import OtlpReceiver
 from dataplane_local.doubles.otlp_receiver import create_app as otlp_app
 from dataplane_local.doubles.server import RunningServer, serve_in_thread
 from dataplane_testing.gateway import PUBLIC_PEM, World, process_env
-from dataplane_testing.metrics import series
 from dataplane_testing.processes import ServiceProcess
-from dataplane_testing.request_ids import Case, ask, assert_ids, assert_records, assert_spans
+from dataplane_testing.request_ids import Case, assert_counted, exchanged, fault_answered
 from query_gateway.app import create_app
 
 JSON = {"content-type": "application/json"}
@@ -88,13 +85,11 @@ def _cases(limit: int) -> list[Case]:
 async def test_issue31_every_gateway_answer_carries_its_own_request_id(
     gateway: ServiceProcess, world: World, receiver: tuple[OtlpReceiver, RunningServer]
 ) -> None:
-    async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
-        asked = await ask(client, _cases(world.settings().query_max_body_bytes))
-        scraped = (await client.get("/metrics")).text
-    assert_ids(asked)
-    await assert_spans(receiver[0], "query-gateway", asked)
-    # the query, the records refusal and the body refused at the door each wrote their records
-    assert_records(gateway.log(), asked, {"query", "records", "too_large"})
+    cases = _cases(world.settings().query_max_body_bytes)
+    # the query, the records refusal and the body refused at the door each write access records
+    scraped = await exchanged(
+        gateway.url, cases, receiver[0], "query-gateway", gateway.log, {"query", "records", "too_large"}
+    )
     # every refusal counted, under the template (or `unmatched`), never the raw path
     counted = {
         ("unmatched", "404", "not_found"): 4,
@@ -105,31 +100,18 @@ async def test_issue31_every_gateway_answer_carries_its_own_request_id(
         ("/query", "200", ""): 4,
         (RECORDS, "401", "pull_token"): 4,
     }
-    for (route, status, code), n in counted.items():
-        labels = {"route": route, "status": status, "code": code}
-        assert series(scraped, "query_gateway_requests_total", **labels) == n, labels
+    assert_counted(scraped, "query_gateway", counted)
     assert "issue31/nowhere" not in scraped and "/streams/stats" not in scraped
 
 
 async def test_issue31_a_fault_nobody_caught_is_500_with_its_request_id(
     world: World, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A gateway served without its lifespan (nothing it opens is there): every query fails in
-    the fast path with a fault of ours; the door answers `500 internal_error` with the id."""
+    """A gateway served without its lifespan: every query fails in the fast path with a fault of
+    ours, which the door answers `500 internal_error` with the id, counted under its route."""
     app = create_app(world.settings())
-    server = serve_in_thread(app, lifespan=False)
-    caplog.set_level(logging.ERROR, logger="dataplane_service_kit.errors")
-    try:
-        async with httpx.AsyncClient(base_url=server.url) as client:
-            asked = await ask(
-                client, [Case("fault", "POST", "/query", 500, "/query", {"json": {"sql": PUBLIC_SQL}})]
-            )
-    finally:
-        server.stop()
-    assert_ids(asked)
-    assert {r.json()["error"] for r in asked[0].fresh} == {"internal_error"}
-    logged = [r.msg["request_id"] for r in caplog.records if isinstance(r.msg, dict)]
-    assert logged == asked[0].ids  # the log line of each fault names its request
-    registry = app.state.metrics.registry
+    await fault_answered(
+        app, Case("fault", "POST", "/query", 500, "/query", {"json": {"sql": PUBLIC_SQL}}), caplog
+    )
     labels = {"route": "/query", "status": "500", "code": "internal_error"}
-    assert registry.get_sample_value("query_gateway_requests_total", labels) == 4
+    assert app.state.metrics.registry.get_sample_value("query_gateway_requests_total", labels) == 4
