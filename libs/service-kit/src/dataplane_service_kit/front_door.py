@@ -108,28 +108,32 @@ class FrontDoor:
         method = scope["method"]
         begun = time.perf_counter()
         with self.spans.span(method, incoming.headers, rid) as span:
+            stayed = True
             try:
-                await self._enter(scope, receive, sending, rid, lambda: started)
+                stayed = await self._enter(scope, receive, sending, rid, lambda: started)
             finally:
-                route = self._route_of(scope)
-                answered(span, method, route, status)
-                if self.durations is not None:
-                    self.durations.labels(route, str(status)).observe(time.perf_counter() - begun)
-                if self.requests is not None:
-                    self.requests.labels(route, str(status), code).inc()
+                # a client that left before its body was complete got no answer of ours to count
+                if stayed:
+                    route = self._route_of(scope)
+                    answered(span, method, route, status)
+                    if self.durations is not None:
+                        self.durations.labels(route, str(status)).observe(time.perf_counter() - begun)
+                    if self.requests is not None:
+                        self.requests.labels(route, str(status), code).inc()
 
     async def _enter(
         self, scope: Scope, receive: Receive, send: Send, rid: str, started: Callable[[], bool]
-    ) -> None:
+    ) -> bool:
+        """Answer the request; False when the client went away before its body was complete."""
         try:
             if self.max_body_bytes is not None:
                 try:
                     body = await bounded_body(scope, receive, self.max_body_bytes)
                 except BodyTooLarge:
                     await self._too_large(scope, receive, send)
-                    return
+                    return True
                 if body is None:
-                    return  # the client went away before its body was complete: nobody to answer
+                    return False  # nobody to answer
                 receive = replayed(body, receive)
             await self.app(scope, receive, send)
         except Exception as exc:
@@ -140,8 +144,9 @@ class FrontDoor:
                 await problem_response(exc.code, exc.status_code, exc.detail, exc.headers)(
                     scope, receive, send
                 )
-                return
+                return True
             await unexpected_response(exc, rid)(scope, receive, send)
+        return True
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.refused is not None:
