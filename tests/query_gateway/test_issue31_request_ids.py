@@ -77,6 +77,7 @@ def _cases(limit: int) -> list[Case]:
         Case("invalid_body", "POST", "/query", 400, "/query", {"content": b"{not json", "headers": JSON}),
         Case("healthz", "GET", "/healthz", 200, "/healthz"),
         Case("metrics", "GET", "/metrics", 200, "/metrics"),
+        Case("openapi", "GET", "/openapi.json", 200, "/openapi.json"),
         Case("query", "POST", "/query", 200, "/query", {"json": {"sql": PUBLIC_SQL}}),
         Case("records", "GET", "/dps/public/streams/stats/records", 401, RECORDS),
     ]

@@ -44,6 +44,7 @@ def _cases(token: str) -> list[Case]:
         Case("no_token", "POST", START, 401, START, {"json": {}}),
         Case("healthz", "GET", "/healthz", 200, "/healthz"),
         Case("metrics", "GET", "/metrics", 200, "/metrics"),
+        Case("openapi", "GET", "/openapi.json", 200, "/openapi.json"),
         Case("signal", "GET", "/dps/registration", 200, "/dps/registration", signed),
     ]
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import orjson
 from fastapi import FastAPI
 from prometheus_client import Counter, Histogram
-from starlette.routing import Mount, compile_path
+from starlette.routing import Mount, Route, compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dataplane_contracts.errors import ERROR_CODES
@@ -182,9 +182,10 @@ def _full_template(path: str, template: str) -> str:
 
 
 class Templates:
-    """Every route template of an app, full paths, from its OpenAPI document (read when first
-    asked, after every router is included): what a request refused before routing is counted
-    under. A path no template matches is `unmatched`."""
+    """Every route template of an app, full paths: its OpenAPI document's, and the plain routes
+    the app serves beside it (`/openapi.json`, a mounted directory), read when first asked (after
+    every router is included). What a request the framework did not name a route for — refused
+    before routing, or answered by a plain route — is counted under. No match: `unmatched`."""
 
     def __init__(self, app: FastAPI) -> None:
         self._app = app
@@ -192,12 +193,20 @@ class Templates:
 
     def match(self, path: str) -> str:
         if self._compiled is None:
-            paths = self._app.openapi().get("paths", {})
-            self._compiled = [(compile_path(template)[0], template) for template in paths]
+            self._compiled = self._read()
         for pattern, template in self._compiled:
             if pattern.match(path):
                 return template
         return UNMATCHED
+
+    def _read(self) -> list[tuple[re.Pattern[str], str]]:
+        compiled = [(compile_path(t)[0], t) for t in self._app.openapi().get("paths", {})]
+        for route in self._app.router.routes:
+            if isinstance(route, Mount):  # anything under its path
+                compiled.append((re.compile(re.escape(route.path) + "/"), route.path + "/{path}"))
+            elif isinstance(route, Route):
+                compiled.append((route.path_regex, route.path_format))
+        return compiled
 
 
 def _code_of(body: bytes) -> str:
