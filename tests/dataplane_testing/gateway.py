@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -19,6 +20,7 @@ import redis.asyncio as aioredis
 from aiokafka import AIOKafkaProducer
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from pydantic import SecretStr
 
 from dataplane_contracts.events import PlanRequest, PlanResolved
 from dataplane_contracts.plans import ClaimCheck, Plan, redis_claim_key, redis_one_shot_key, redis_plan_key
@@ -172,6 +174,22 @@ def authorize_answer(datasets: list[dict[str, Any]], decision: str = "allow") ->
 def refused(response: httpx.Response, status: int, code: str) -> None:
     assert response.status_code == status, response.text
     assert response.json()["error"] == code
+
+
+def _env_value(value: Any) -> str:
+    if isinstance(value, SecretStr):
+        return value.get_secret_value()
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple | list):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def process_env(settings: Settings, port: int) -> dict[str, str]:
+    """The settings as a `query-gateway` process reads them: one variable per field that is set."""
+    env = {k.upper(): _env_value(v) for k, v in settings.model_dump().items() if v is not None}
+    return {**os.environ, **env, "HTTP_HOST": "127.0.0.1", "HTTP_PORT": str(port), "LOG_LEVEL": "INFO"}
 
 
 @contextlib.asynccontextmanager

@@ -131,8 +131,8 @@ def test_the_dashboard_shows_what_operators_need(rendered: Path) -> None:
     dashboard = json.loads(cm["data"]["dataplane.json"])
     exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
     text = "\n".join(exprs)
-    # request rate, errors by code, latency p50/p99 per path (both HTTP services)
-    assert "sum by (path) (rate(query_gateway_requests_total" in text
+    # request rate, errors by code, latency p50/p99 per route (both HTTP services)
+    assert "sum by (route) (rate(query_gateway_requests_total" in text
     assert "sum by (code, status)" in text
     for histogram in ("query_gateway_request_duration_seconds", "signaling_request_duration_seconds"):
         for q in ("0.5", "0.99"):

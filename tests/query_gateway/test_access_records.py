@@ -195,8 +195,8 @@ async def test_gs02_a_dataspace_refusal_after_ds_answered_keeps_the_release_link
     assert rec["decision_ref"] == ds.decide(ROOT, call.body)["decision_ref"]
 
 
-async def test_metrics_count_requests_by_path_status_and_code(client: httpx.AsyncClient) -> None:
-    key = {"code": "not_available", "path": "/query", "status": "403"}
+async def test_metrics_count_requests_by_route_status_and_code(client: httpx.AsyncClient) -> None:
+    key = {"code": "not_available", "route": "/query", "status": "403"}
     before = metric(await scrape(client), "query_gateway_requests_total", **key)
     await client.post("/query", json={"sql": "SELECT id FROM hidden"})
     await client.post("/query", json={"sql": "SELECT id FROM secret_ds"})

@@ -133,7 +133,7 @@ async def test_body_over_limit_is_413_body_too_large(
     before = metric(
         await scrape(client),
         "query_gateway_requests_total",
-        path="/query",
+        route="/query",
         status="413",
         code="body_too_large",
     )
@@ -144,7 +144,7 @@ async def test_body_over_limit_is_413_body_too_large(
     after = metric(
         await scrape(client),
         "query_gateway_requests_total",
-        path="/query",
+        route="/query",
         status="413",
         code="body_too_large",
     )

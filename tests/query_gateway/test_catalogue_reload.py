@@ -6,7 +6,6 @@ new file passes every check, and keeps serving the old one — saying why — wh
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import signal
 import subprocess
@@ -17,15 +16,13 @@ from typing import Any
 
 import httpx
 import pytest
-from pydantic import SecretStr
 
 from dataplane_local import infra
 from dataplane_local.timeouts import scaled
-from dataplane_testing.gateway import CATALOGUE, World
+from dataplane_testing.gateway import CATALOGUE, World, process_env
 from dataplane_testing.metrics import series as metric
 from query_gateway.app import StartupRefused, create_app
 from query_gateway.catalogue.load import unknown_handlers
-from query_gateway.settings import Settings
 
 STATS = {"sql": "SELECT id FROM stats ORDER BY id"}
 COPY = {"sql": "SELECT id FROM stats_copy ORDER BY id"}
@@ -47,22 +44,6 @@ TYPO = """
       person: {handler: subject_key_mach, args: {column: label, key_type: pod}, binds: person}
       organization: {handler: allow_all, binds: organization}
 """
-
-
-def _env_value(value: Any) -> str:
-    if isinstance(value, SecretStr):
-        return value.get_secret_value()
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, tuple | list):
-        return ",".join(str(v) for v in value)
-    return str(value)
-
-
-def process_env(settings: Settings, port: int) -> dict[str, str]:
-    """The settings as the process reads them: one variable per field that is set."""
-    env = {k.upper(): _env_value(v) for k, v in settings.model_dump().items() if v is not None}
-    return {**os.environ, **env, "HTTP_HOST": "127.0.0.1", "HTTP_PORT": str(port), "LOG_LEVEL": "INFO"}
 
 
 def _ready(url: str) -> bool:

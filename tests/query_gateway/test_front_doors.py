@@ -1,7 +1,8 @@
-"""Issue 20 (hot path): the query routes have two front doors — `QueryRoutes`, plain ASGI, for a
-well-formed JSON body, and the FastAPI routes for everything it passes on. A client cannot tell
-them apart: the same request answers the same through either (QE-01's answer and its refusals),
-and what the plain door must not decide reaches FastAPI with its body intact."""
+"""Issue 20 (hot path), issue 31 (one door): behind the one front door, the query routes have two
+callers — `QueryRoutes`, the fast path, for a well-formed JSON body, and the FastAPI routes for
+everything it passes on. A client cannot tell them apart: the same request answers the same
+through either (QE-01's answer and its refusals), and what the fast path must not decide reaches
+FastAPI with its body intact."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ import httpx
 import pytest
 from starlette.types import Message, Receive, Scope, Send
 
+from dataplane_service_kit.front_door import FrontDoor
+from dataplane_service_kit.telemetry import ServerSpans
 from query_gateway.routes import QueryRoutes
 
 PUBLIC_SQL = "SELECT id FROM stats ORDER BY id"
-# the plain door answers the first three; FastAPI decodes the last as JSON too (a +json subtype)
+# the fast path answers the first three; FastAPI decodes the last as JSON too (a +json subtype)
 PLAIN = ("application/json", "application/json; charset=utf-8", None)
 FRAMEWORK = "application/vnd.dataplane+json"
 
@@ -52,7 +55,7 @@ async def test_qe01_both_doors_answer_alike(client: httpx.AsyncClient, body: dic
 
 
 async def test_qe01_malformed_bodies_keep_the_framework_answer(client: httpx.AsyncClient) -> None:
-    """Bodies the plain door passes on: FastAPI's refusal, the service's code, as before."""
+    """Bodies the fast path passes on: FastAPI's refusal, the service's code, as before."""
     not_json = await client.post("/query", content=b"{not json", headers={"content-type": "application/json"})
     assert (not_json.status_code, not_json.json()["error"]) == (400, "invalid_body")
     wrong_type = await client.post("/query", json={"sql": PUBLIC_SQL, "limit": "many"})
@@ -67,7 +70,7 @@ async def test_qe01_malformed_bodies_keep_the_framework_answer(client: httpx.Asy
 
 
 class _Inner:
-    """The app behind the plain door: records what it was handed, answers 204."""
+    """The app behind the fast path: records what it was handed, answers 204."""
 
     def __init__(self) -> None:
         self.seen: list[tuple[str, bytes]] = []
@@ -100,58 +103,25 @@ async def _through(door: QueryRoutes, path: str, chunks: list[bytes], content_ty
     await door(scope, receive, send)
 
 
-async def test_qe01_plain_door_passes_on_what_it_must_not_decide() -> None:
+async def test_qe01_the_fast_path_passes_on_what_it_must_not_decide() -> None:
     inner = _Inner()
-    door = QueryRoutes(inner, dps_enabled=False)
-    await _through(door, "/query", [b'{"sql": ', b'"SELECT 1", "limit": "x"}'], b"application/json")
+    door = QueryRoutes(inner, dps_enabled=False, state=None)
+    await _through(door, "/query", [b'{"sql": "SELECT 1", "limit": "x"}'], b"application/json")
     await _through(door, "/query", [b"[1]"], b"application/json")
     await _through(door, "/query", [b'{"sql": "SELECT 1"}'], b"application/problem+json")
     await _through(door, "/query", [b""], b"application/json")
-    # DPS-01: without DPS the pull route is not the plain door's, whatever its body
+    # a body still arriving (no door read it whole) is the framework's to read
+    await _through(door, "/query", [b'{"sql": ', b'"SELECT 1"}'], b"application/json")
+    # DPS-01: without DPS the pull route is not the fast path's, whatever its body
     await _through(door, "/dps/public/query", [b'{"sql": "SELECT 1"}'], b"application/json")
     assert inner.seen == [
         ("/query", b'{"sql": "SELECT 1", "limit": "x"}'),
         ("/query", b"[1]"),
         ("/query", b'{"sql": "SELECT 1"}'),
         ("/query", b""),
+        ("/query", b'{"sql": "SELECT 1"}'),
         ("/dps/public/query", b'{"sql": "SELECT 1"}'),
     ]
-
-
-async def test_qe01_a_body_over_the_limit_is_passed_on_whole_for_the_framework_to_refuse() -> None:
-    """The plain door stops reading once the body passes the limit and hands FastAPI what it
-    read followed by the rest, so FastAPI's body limit (413 body_too_large) decides, as before."""
-    inner = _Inner()
-    door = QueryRoutes(inner, dps_enabled=False, max_bytes=16)
-    chunks = [b'{"sql": "SELECT ', b"1 FROM stats WHERE id = 1", b'"}']
-    await _through(door, "/query", chunks, b"application/json")
-    await _through(door, "/query", [b'{"sql": "SELECT 1 FROM stats"}'], b"application/json")
-    assert inner.seen == [
-        ("/query", b'{"sql": "SELECT 1 FROM stats WHERE id = 1"}'),
-        ("/query", b'{"sql": "SELECT 1 FROM stats"}'),
-    ]
-
-
-async def test_qe01_a_declared_length_over_the_limit_is_passed_on_unread() -> None:
-    reads: list[Message] = []
-
-    async def receive() -> Message:
-        message: Message = {"type": "http.request", "body": b"{}", "more_body": False}
-        reads.append(message)
-        return message
-
-    async def send(_: Message) -> None:
-        return None
-
-    handed: list[Scope] = []
-
-    async def inner(scope: Scope, _receive: Receive, _send: Send) -> None:
-        handed.append(scope)
-
-    door = QueryRoutes(inner, dps_enabled=False, max_bytes=16)
-    headers = [(b"content-type", b"application/json"), (b"content-length", b"17")]
-    await door({"type": "http", "method": "POST", "path": "/query", "headers": headers}, receive, send)
-    assert len(handed) == 1 and reads == []
 
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
@@ -162,9 +132,9 @@ PARENT = "b7ad6b7169203331"
 async def test_qe01_the_plain_door_starts_the_server_span_in_the_callers_trace(
     status: int, error: bool
 ) -> None:
-    """A request the plain door answers gets its SERVER span there (the instrumentor's middleware
-    never sees it): child of the caller's traceparent, named by method and route, the status set,
-    a 5xx an error."""
+    """A request the fast path answers gets its SERVER span from the front door: child of the
+    caller's traceparent, named by method and route, the status and the request id set, a 5xx an
+    error."""
     from types import SimpleNamespace
 
     from opentelemetry.sdk.trace import TracerProvider
@@ -174,22 +144,21 @@ async def test_qe01_the_plain_door_starts_the_server_span_in_the_callers_trace(
     from starlette.responses import Response
 
     from dataplane_service_kit.errors import ServiceError
-    from dataplane_service_kit.telemetry import SERVER_SCOPE, ServerSpans
+    from dataplane_service_kit.telemetry import REQUEST_ID_ATTRIBUTE, SERVER_SCOPE
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    door = QueryRoutes(
-        _Inner(), dps_enabled=False, spans=ServerSpans({}, provider), state=SimpleNamespace(gateway=None)
-    )
+    fast = QueryRoutes(_Inner(), dps_enabled=False, state=SimpleNamespace(gateway=None))
+    door = FrontDoor(fast, spans=ServerSpans({}, provider))
 
-    async def answer(_gw: object, headers: Any, _body: object) -> Response:
-        assert headers["traceparent"].startswith("00-" + TRACE)
+    async def answer(_gw: object, incoming: Any, _body: object) -> Response:
+        assert incoming.headers["traceparent"].startswith("00-" + TRACE)
         if status == 503:
             raise ServiceError("audit_unavailable", "disclosure could not be recorded; no rows served")
         return Response(b"{}", status_code=status, media_type="application/json")
 
-    door.routes["/query"] = answer
+    fast.routes["/query"] = answer
     sent: list[Message] = []
 
     async def receive() -> Message:
@@ -208,6 +177,7 @@ async def test_qe01_the_plain_door_starts_the_server_span_in_the_callers_trace(
     assert span.parent is not None and format(span.parent.span_id, "016x") == PARENT
     assert span.attributes is not None and span.attributes["http.response.status_code"] == status
     assert span.attributes["http.route"] == "/query"
+    assert span.attributes[REQUEST_ID_ATTRIBUTE] == dict(sent[0]["headers"])[b"x-request-id"].decode()
     assert (span.status.status_code == StatusCode.ERROR) is error
 
 
@@ -222,22 +192,20 @@ async def test_gs01_the_access_record_carries_the_trace_of_the_server_span(trace
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
     from starlette.responses import Response
 
-    from dataplane_service_kit.telemetry import ServerSpans
     from query_gateway.deps import context as _context
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    door = QueryRoutes(
-        _Inner(), dps_enabled=False, spans=ServerSpans({}, provider), state=SimpleNamespace(gateway=None)
-    )
+    fast = QueryRoutes(_Inner(), dps_enabled=False, state=SimpleNamespace(gateway=None))
+    door = FrontDoor(fast, spans=ServerSpans({}, provider))
     seen: list[str | None] = []
 
-    async def answer(_gw: object, headers: Any, _body: object) -> Response:
-        seen.append(_context(headers, "POST", "/query").trace_id)
+    async def answer(_gw: object, incoming: Any, _body: object) -> Response:
+        seen.append(_context(incoming, "POST", "/query").trace_id)
         return Response(b"{}", media_type="application/json")
 
-    door.routes["/query"] = answer
+    fast.routes["/query"] = answer
 
     async def receive() -> Message:
         return {"type": "http.request", "body": b'{"sql": "SELECT 1"}', "more_body": False}
@@ -261,7 +229,8 @@ async def test_qe01_a_fault_of_ours_is_500_internal_error_with_the_request_id(ro
     fails) answers a coded problem carrying the request's id, never the server's bare 500."""
     from types import SimpleNamespace
 
-    door = QueryRoutes(_Inner(), dps_enabled=False, state=SimpleNamespace(gateway=None))
+    fast = QueryRoutes(_Inner(), dps_enabled=False, state=SimpleNamespace(gateway=None))
+    door = FrontDoor(fast, spans=ServerSpans({"OTEL_SDK_DISABLED": "true"}))
     sent: list[Message] = []
 
     async def receive() -> Message:

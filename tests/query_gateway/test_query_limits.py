@@ -118,7 +118,7 @@ async def test_qe06_a_cross_join_of_two_large_tables_is_refused_before_it_runs(
     before = metric(
         await scrape(guarded),
         "query_gateway_requests_total",
-        path="/query",
+        route="/query",
         status="400",
         code="query_too_expensive",
     )
@@ -133,7 +133,7 @@ async def test_qe06_a_cross_join_of_two_large_tables_is_refused_before_it_runs(
     after = metric(
         await scrape(guarded),
         "query_gateway_requests_total",
-        path="/query",
+        route="/query",
         status="400",
         code="query_too_expensive",
     )

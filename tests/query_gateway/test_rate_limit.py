@@ -70,7 +70,7 @@ def user(world: World, sub: str) -> dict[str, str]:
 
 async def refused_count(client: httpx.AsyncClient, status: int, code: str) -> float:
     text = await scrape(client)
-    return metric(text, "query_gateway_requests_total", path="/query", status=str(status), code=code)
+    return metric(text, "query_gateway_requests_total", route="/query", status=str(status), code=code)
 
 
 def entry(dataset_id: str, spec: RateLimitSpec | None) -> DatasetEntry:

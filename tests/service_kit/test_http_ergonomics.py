@@ -9,8 +9,9 @@ import pytest
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict
 
+from dataplane_service_kit import front_door
 from dataplane_service_kit.errors import ServiceError, install_error_handlers
-from dataplane_service_kit.request_ids import RequestIds
+from dataplane_service_kit.telemetry import ServerSpans
 
 JSON = {"content-type": "application/json"}
 
@@ -24,7 +25,7 @@ class _Body(BaseModel):
 def _app() -> FastAPI:
     app = FastAPI()
     install_error_handlers(app, "invalid_request", "invalid_body", expected_fields=("sql", "limit"))
-    app.add_middleware(RequestIds)
+    front_door.install(app, ServerSpans({"OTEL_SDK_DISABLED": "true"}))
 
     @app.post("/q")
     async def q(body: _Body) -> dict[str, object]:

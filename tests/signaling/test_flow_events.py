@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from opentelemetry import propagate
 from opentelemetry.sdk.trace import TracerProvider
 
 from dataplane_testing.signaling import (
@@ -26,7 +27,11 @@ async def test_every_transition_reaches_the_flow_events_topic(signaling: Any, cp
     provider, consumer, other = new_id(), new_id(), new_id()
     tracer = TracerProvider().get_tracer("test")
     with tracer.start_as_current_span("control-plane") as span:
-        r = await c.post(f"{FLOWS}/start", json=start_message(provider), headers=h)
+        # the control plane's trace reaches signaling as a traceparent header, which the front
+        # door's server span continues
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)
+        r = await c.post(f"{FLOWS}/start", json=start_message(provider), headers={**h, **carrier})
         trace_id = format(span.get_span_context().trace_id, "032x")
     tokens = [token_of(r.json())]
     await c.post(f"{FLOWS}/{provider}/suspend", headers=h)

@@ -180,8 +180,8 @@ def install_error_handlers(
     app.add_exception_handler(ServiceError, on_service_error)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
-    # Starlette answers an unhandled exception from its outermost layer, outside every middleware
-    # of ours: this handler is what gives that 500 its code and the request's id
+    # behind the front door a fault that escaped is answered by the door (front_door.py); this
+    # handler, in Starlette's outermost layer, codes the 500 of an app without one
     app.add_exception_handler(Exception, on_unexpected)
 
 

@@ -1,19 +1,24 @@
-"""`X-Request-ID` on every answer (docs/operations.md, "Request ids"): a sane id the caller sent
-is echoed, anything else is replaced by a fresh one. An id names a request, not a person: it is
-logged with the request's records and returned as sent."""
+"""What the front door reads of every request, once (docs/operations.md, "The front door"): its
+headers, and its `X-Request-ID` — a sane id the caller sent is echoed, anything else is replaced
+by a fresh one per request. An id names a request, not a person: it is logged with the request's
+records and returned as sent."""
 
 from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Iterable
+from collections.abc import Mapping
+from dataclasses import dataclass
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Scope
 
 HEADER = "X-Request-ID"
-_RAW_HEADER = b"x-request-id"
+RAW_HEADER = b"x-request-id"
 # visible ASCII, no spaces, at most 128 characters: what every proxy and log line carries intact
 _SANE = re.compile(r"[\x21-\x7e]{1,128}")
+# where the door keeps what it read, in the request's own state (`request.state.incoming`); the
+# state of one request only: a server copies its lifespan state into each request's scope
+_KEY = "incoming"
 
 
 def request_id(sent: str | None) -> str:
@@ -23,53 +28,43 @@ def request_id(sent: str | None) -> str:
     return uuid.uuid4().hex
 
 
-def from_scope(scope: Scope) -> str:
-    """The request's id, decided once per request and kept in the scope's state (where
-    `request.state.request_id` reads it)."""
-    state = scope.setdefault("state", {})
-    known = state.get("request_id")
-    if isinstance(known, str):
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    """A request's headers — lower-case names, latin-1, the first value of a repeated name (as
+    FastAPI's `Header()` reads them) — and the id its answer, records and span carry."""
+
+    headers: Mapping[str, str]
+    request_id: str
+
+
+def read_headers(scope: Scope) -> dict[str, str]:
+    """The one header reader every route uses (through `incoming_of`)."""
+    headers: dict[str, str] = {}
+    for name, value in scope.get("headers", ()):
+        key = name.decode("latin-1").lower()
+        if key not in headers:
+            headers[key] = value.decode("latin-1")
+    return headers
+
+
+def admit(scope: Scope) -> Incoming:
+    """Read the request once and keep it in the request's state; always a fresh decision, so an
+    id can never be carried over from another scope (the lifespan's state, say)."""
+    headers = read_headers(scope)
+    sent = headers.get("x-request-id")
+    incoming = Incoming(headers, request_id(headers.get("x-correlation-id") if sent is None else sent))
+    scope.setdefault("state", {})[_KEY] = incoming
+    return incoming
+
+
+def incoming_of(scope: Scope) -> Incoming:
+    """What the door read of this request (read now when no door ran, as in a bare app)."""
+    known = scope.get("state", {}).get(_KEY)
+    if isinstance(known, Incoming):
         return known
-    rid = request_id(_sent(scope.get("headers", ())))
-    state["request_id"] = rid
-    return rid
+    return admit(scope)
 
 
-def _sent(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
-    fallback = None
-    for name, value in headers:
-        lowered = name.lower()
-        if lowered == _RAW_HEADER:
-            return value.decode("latin-1")
-        if lowered == b"x-correlation-id" and fallback is None:
-            fallback = value.decode("latin-1")
-    return fallback
-
-
-def with_request_id(send: Send, rid: str) -> Send:
-    """`send` with the id added to the answer's head, unless the app already set one."""
-    value = rid.encode("latin-1")
-
-    async def sending(message: Message) -> None:
-        if message["type"] == "http.response.start":
-            headers = list(message.get("headers", ()))
-            if not any(name.lower() == _RAW_HEADER for name, _ in headers):
-                headers.append((_RAW_HEADER, value))
-                message = {**message, "headers": headers}
-        await send(message)
-
-    return sending
-
-
-class RequestIds:
-    """Plain ASGI: every HTTP answer carries the request's id (a service without a front door
-    of its own; the gateway's door does the same for what it passes on)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        await self.app(scope, receive, with_request_id(send, from_scope(scope)))
+def from_scope(scope: Scope) -> str:
+    """The request's id."""
+    return incoming_of(scope).request_id

@@ -4,19 +4,18 @@ HTTP_KEEP_ALIVE_TIMEOUT_SECONDS), logging through our JSON configuration."""
 from __future__ import annotations
 
 import uvicorn
-from fastapi import FastAPI
+from starlette.types import ASGIApp
 
 from dataplane_contracts.settings import HttpSettings
-from dataplane_service_kit.telemetry import instrument_app
 
 
-def serve(app: FastAPI, settings: HttpSettings) -> None:
+def serve(app: ASGIApp, settings: HttpSettings) -> None:
     """Serve `app` until stopped. The idle keep-alive (HTTP_KEEP_ALIVE_TIMEOUT_SECONDS, 75 s by
     default) is above the keep-alive expiry of every client that calls us (httpx 5 s, aiohttp 15 s,
     an ingress or load balancer 60 s): the side that closes an idle connection must be the client,
     else a request sent as the server closes meets a reset. uvicorn's own default (5 s) equals
-    httpx's."""
-    instrument_app(app)
+    httpx's. The app's own front door (`dataplane_service_kit.front_door`) makes every request's
+    server span: no instrumentation is added here."""
     keep_alive_s = settings.http_keep_alive_timeout_seconds
     uvicorn.run(
         app,

@@ -22,7 +22,6 @@ import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from fastapi import FastAPI
 from fastapi.telemetry import TelemetryConfig
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
@@ -171,8 +170,8 @@ def _instrument_libraries() -> None:
 
 
 # FastAPI's own telemetry (its spans, metrics and log records per request), switched off: the
-# instrumentor below makes the server spans, and a second set of per-request spans beside them
-# cost a sixth of the gateway's CPU per request and told nothing more.
+# front door makes the server spans (`ServerSpans`), and a second set of per-request spans beside
+# them cost a sixth of the gateway's CPU per request and told nothing more.
 FASTAPI_TELEMETRY: TelemetryConfig = {
     "tracing": False,
     "metrics": False,
@@ -182,29 +181,17 @@ FASTAPI_TELEMETRY: TelemetryConfig = {
 }
 
 
-def instrument_app(app: FastAPI) -> None:
-    """One server span for every HTTP request except the probes and the scrape; nothing when the
-    SDK is disabled (no tracing at all, not even no-op middleware). The ASGI `receive` and `send`
-    events get no span of their own: two to four internal spans per request, each as costly as
-    the server span, carrying only the message type."""
-    if sdk_disabled(os.environ):
-        return
-    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
-
-    FastAPIInstrumentor.instrument_app(
-        app, excluded_urls="healthz,readyz,metrics", exclude_spans=["receive", "send"]
-    )
-
-
-# the instrumentation scope of the server spans a plain ASGI door starts itself (ServerSpans)
+# the instrumentation scope of the server spans the front door starts (ServerSpans)
 SERVER_SCOPE = "dataplane.server"
+# the request's id on its span: the span and the access records of one request are found by it
+REQUEST_ID_ATTRIBUTE = "dataplane.request_id"
 
 
 class ServerSpans:
-    """The SERVER span of a request that a service's plain ASGI door answers itself, without the
-    framework and so without the instrumentor's middleware: the caller's W3C context extracted
-    from the headers, the method and route, the status when the answer is known. Nothing at all
-    when the SDK is disabled, as `instrument_app` installs nothing then."""
+    """The SERVER span of every request the front door lets in (probes and the scrape excepted):
+    the caller's W3C context extracted from the headers, the method and the request id at the
+    start, the route template and status once the answer is known (`answered`). Nothing at all
+    when the SDK is disabled."""
 
     def __init__(
         self, environ: Mapping[str, str] | None = None, provider: trace.TracerProvider | None = None
@@ -213,25 +200,30 @@ class ServerSpans:
         self._tracer = None if sdk_disabled(env) else trace.get_tracer(SERVER_SCOPE, tracer_provider=provider)
 
     @contextlib.contextmanager
-    def span(self, method: str, route: str, headers: Mapping[str, str]) -> Iterator[Span | None]:
+    def span(self, method: str, headers: Mapping[str, str], request_id: str) -> Iterator[Span | None]:
         """`headers`: lower-case names, one value each (what the W3C propagator reads)."""
         if self._tracer is None:
             yield None
             return
         with self._tracer.start_as_current_span(
-            f"{method} {route}",
+            method,
             context=propagate.extract(headers),
             kind=SpanKind.SERVER,
-            attributes={"http.request.method": method, "http.route": route, "url.path": route},
+            attributes={"http.request.method": method, REQUEST_ID_ATTRIBUTE: request_id},
+            # the door answers every fault itself; a span never records an exception's message
+            record_exception=False,
+            set_status_on_exception=False,
         ) as span:
             yield span
 
 
-def answered(span: Span | None, status: int) -> None:
-    """The response status on a server span; a 5xx marks the span as an error, as the ASGI
-    instrumentation does."""
-    if span is None:
+def answered(span: Span | None, method: str, route: str, status: int) -> None:
+    """The route template (the span's name is `METHOD route`, as the HTTP conventions name a
+    server span) and the response status on a server span; a 5xx marks the span as an error."""
+    if span is None or not span.is_recording():
         return
+    span.update_name(f"{method} {route}")
+    span.set_attribute("http.route", route)
     span.set_attribute("http.response.status_code", status)
     if status >= 500:
         span.set_status(Status(StatusCode.ERROR))

@@ -16,6 +16,7 @@ from audit_relay.health import Health
 from audit_relay.metrics import Metrics
 from audit_relay.relay import Relay
 from audit_relay.settings import Settings
+from dataplane_service_kit import front_door
 from dataplane_service_kit.health import health_router
 from dataplane_service_kit.kafka import KAFKA_STOP_BOUND_S, kafka_producer
 from dataplane_service_kit.logs import get_logger
@@ -88,6 +89,7 @@ def create_app(settings: Settings) -> FastAPI:
         telemetry=FASTAPI_TELEMETRY,
     )
     app.include_router(health_router(health.checks, registry=metrics.registry))
+    front_door.install(app)  # request ids and server spans, as on every service
     return app
 
 

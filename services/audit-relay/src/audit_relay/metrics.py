@@ -5,14 +5,17 @@ from __future__ import annotations
 
 from typing import Literal
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram
+
+from dataplane_service_kit.health import app_registry
 
 Outcome = Literal["delivered", "retried", "dead_lettered"]
 
 
 class Metrics:
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
+        # with process_* and python_* beside the relay's own (the service kit's app registry)
+        self.registry = app_registry()
         self.delivered = Counter(
             "audit_relay_delivered", "Disclosures ds accepted (2xx).", registry=self.registry
         )

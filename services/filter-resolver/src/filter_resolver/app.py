@@ -16,6 +16,7 @@ import httpx
 import redis.asyncio as aioredis
 from fastapi import FastAPI
 
+from dataplane_service_kit import front_door
 from dataplane_service_kit.health import ReadinessCheck, health_router
 from dataplane_service_kit.logs import get_logger
 from dataplane_service_kit.oauth import service_token
@@ -223,6 +224,7 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> FastAPI:
         telemetry=FASTAPI_TELEMETRY,
     )
     app.include_router(health_router(checks, registry=metrics.registry))
+    front_door.install(app)  # request ids and server spans, as on every service
     return app
 
 

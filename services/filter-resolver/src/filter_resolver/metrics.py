@@ -7,10 +7,13 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from dataplane_service_kit.health import app_registry
+
 
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
+        # with process_* and python_* beside the resolver's own (the service kit's app registry)
+        self.registry = registry if registry is not None else app_registry()
         self.resolutions = Counter(
             "filter_resolver_resolutions",
             "Plan requests answered, by handler, outcome (cached|one_shot|error), error code and plan kind",

@@ -7,15 +7,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from fastapi import FastAPI
-from starlette.types import ASGIApp, Receive, Scope, Send
 
+from dataplane_service_kit import front_door
 from dataplane_service_kit.docs_ui import serve_docs
 from dataplane_service_kit.errors import install_error_handlers
 from dataplane_service_kit.health import ReadinessCheck, health_router
-from dataplane_service_kit.limits import BodyLimit
 from dataplane_service_kit.openapi import distribution_version, openapi_document
-from dataplane_service_kit.request_durations import RequestDurations
-from dataplane_service_kit.telemetry import FASTAPI_TELEMETRY, ServerSpans
+from dataplane_service_kit.telemetry import FASTAPI_TELEMETRY
 from query_gateway import openapi as api
 from query_gateway.lifespan import StartupRefused, lifespan
 from query_gateway.metrics import Metrics
@@ -24,30 +22,17 @@ from query_gateway.records.routes import install_profile_errors, records_router
 from query_gateway.routes import QueryRoutes, body_refusals, dps_router, query_router
 from query_gateway.settings import Settings
 
-__all__ = ["GatewayApp", "StartupRefused", "create_app"]
-
-
-class GatewayApp(FastAPI):
-    """The FastAPI app behind the query routes' plain door: every request meets `door` first
-    (routes.py), which answers the well-formed query requests and hands the rest to FastAPI."""
-
-    door: ASGIApp
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.door(scope, receive, send)
-
-    async def framework(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await super().__call__(scope, receive, send)
+__all__ = ["StartupRefused", "create_app"]
 
 
 def create_app(settings: Settings) -> FastAPI:
-    app = GatewayApp(
+    app = FastAPI(
         title="query-gateway",
         summary="SQL over governed datasets: the normal path, the legacy EDR path, DPS pulls",
         version=distribution_version("dataplane-query-gateway"),
         lifespan=lifespan,
-        # served by FastAPI behind the plain door (which passes every other route on): the
-        # document describes the query routes as both doors answer them (query_gateway.openapi)
+        # the document describes the query routes as the fast path and FastAPI both answer them
+        # (query_gateway.openapi)
         openapi_url="/openapi.json",
         docs_url=None,  # served from the package (dataplane_service_kit.docs_ui), not a CDN
         redoc_url=None,
@@ -69,22 +54,16 @@ def create_app(settings: Settings) -> FastAPI:
         app, "invalid_request", "invalid_body", expected_fields=tuple(QueryBody.model_fields)
     )
     install_profile_errors(app)  # the records routes' 400 invalid_request (docs/records.md)
-    # the query routes' plain-ASGI front door (routes.py), in front of everything FastAPI adds:
-    # a well-formed request is answered there; what it passes on meets the body limit below
-    app.door = QueryRoutes(
-        app.framework,
-        settings.dps_enabled,
-        max_bytes=settings.query_max_body_bytes,
-        spans=ServerSpans(),
-        state=app.state,
-        metrics=metrics,
-    )
-    app.add_middleware(RequestDurations, histogram=metrics.request_duration)
-    # before any route reads the body: FastAPI decodes it before the handler runs
-    app.add_middleware(
-        BodyLimit,
-        max_bytes=settings.query_max_body_bytes,
-        refused=body_refusals(settings.dps_enabled, metrics),
+    # innermost: the query routes' fast path (routes.py); every middleware added after it sees
+    # every request, the fast path's included
+    app.add_middleware(QueryRoutes, dps_enabled=settings.dps_enabled, state=app.state)
+    # outermost: the front door every request passes (request id, body bound, span, metrics)
+    front_door.install(
+        app,
+        max_body_bytes=settings.query_max_body_bytes,
+        durations=metrics.request_duration,
+        requests=metrics.requests,
+        refused=body_refusals(settings.dps_enabled),
     )
 
     def checks() -> Mapping[str, ReadinessCheck]:

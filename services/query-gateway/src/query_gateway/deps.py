@@ -1,7 +1,7 @@
 """What every query route reads and how each ends, shared by the query routes (`routes.py`) and
-the records routes: the access record a request starts, its headers as FastAPI's `Header()`
-declares them, the caller's bearer verified, and `guarded` — the outcome's access records and
-metrics, the answer or the refusal with the request's id."""
+the records routes: the access record a request starts (from what the front door read of it),
+the header parameters FastAPI documents, the caller's bearer verified, and `guarded` — the
+outcome's access records, the answer or the refusal with the request's id."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from opentelemetry import trace
 
 from dataplane_service_kit.authorization import bearer
 from dataplane_service_kit.errors import ServiceError, problem_response, unexpected_response
-from dataplane_service_kit.request_ids import HEADER, request_id
+from dataplane_service_kit.request_ids import HEADER, Incoming
 from query_gateway import openapi as api
 from query_gateway.access_log import AccessContext
 from query_gateway.clients.connector import resolve_connector
@@ -34,10 +34,11 @@ T = TypeVar("T")
 Headers = Mapping[str, str]  # lower-case names, the first value of each (as FastAPI's Header())
 
 
-def context(headers: Headers, method: str, route: str, rid: str | None = None) -> AccessContext:
+def context(incoming: Incoming, method: str, route: str) -> AccessContext:
+    """A request's access context: the id the front door gave it, the trace of its span."""
     return AccessContext(
-        request_id=rid or request_id(headers.get("x-request-id") or headers.get("x-correlation-id")),
-        trace_id=_trace_id(headers),
+        request_id=incoming.request_id,
+        trace_id=_trace_id(incoming.headers),
         method=method,
         route=route,
     )
@@ -54,28 +55,23 @@ def _trace_id(headers: Headers) -> str | None:
 
 
 async def guarded(
-    gw: Gateway,
-    route: str,
     ctx: AccessContext,
     run: Callable[[], Awaitable[dict[str, object]]],
     asked_limit: int | None,
 ) -> Response:
-    """Runs one request: the access records and metrics of its outcome, the answer or the
-    refusal with the request's id; a fault of ours answered 500 internal_error, counted alike."""
-    requests = gw.metrics.requests
+    """Runs one request: the access records of its outcome, the answer or the refusal with the
+    request's id; a fault of ours answered 500 internal_error, recorded alike. The front door
+    counts every answer (`query_gateway_requests_total`) from what is answered here."""
     try:
         body = await run()
     except ServiceError as exc:
         ctx.failed(exc.code, exc.status_code)
-        requests.labels(route, str(exc.status_code), exc.code).inc()
         # the error's own status: a code's fixed one, or the records profile's 400 (RequestRefused)
         headers = {**(exc.headers or {}), HEADER: ctx.request_id}
         return problem_response(exc.code, exc.status_code, exc.detail, headers)
     except Exception as exc:  # a fault of ours: coded, counted and recorded like any refusal
         ctx.failed("internal_error", 500)
-        requests.labels(route, "500", "internal_error").inc()
         return unexpected_response(exc, ctx.request_id)
-    requests.labels(route, "200", "").inc()
     headers = {HEADER: ctx.request_id}
     applied = body.get("limit")
     if asked_limit is not None and applied is not None and applied != asked_limit:

@@ -36,8 +36,7 @@ from query_gateway.metrics import Metrics
 from query_gateway.records.cursor import CursorCodec
 from query_gateway.records.startup import records_declared
 from query_gateway.settings import Settings
-from query_gateway.sql import QueryExecutor
-from query_gateway.sql.execute import datasets_pool
+from query_gateway.sql import QueryExecutor, datasets_pool
 from query_gateway.state import Gateway
 
 log = get_logger("query_gateway")

@@ -1,6 +1,6 @@
 """Prometheus metrics of the gateway, on a registry per app (served by its /metrics), so two apps
 in one process never count into each other. Nothing is registered at import: `create_app` makes
-one `Metrics` and hands it to what counts. Labels are paths, statuses, codes, tiers and hop names
+one `Metrics` and hands it to what counts. Labels are route templates, statuses, codes, tiers and hop names
 — never a caller, key or token (RF-08)."""
 
 from __future__ import annotations
@@ -8,19 +8,22 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from dataplane_service_kit.health import app_registry
-from dataplane_service_kit.request_durations import BUCKETS, DURATION_HELP, DURATION_LABELS
+from dataplane_service_kit.http_metrics import (
+    BUCKETS,
+    DURATION_HELP,
+    DURATION_LABELS,
+    REQUESTS_HELP,
+    REQUESTS_LABELS,
+)
 
 
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else app_registry()
         r = self.registry
-        self.requests = Counter(
-            "query_gateway_requests_total",
-            "Query requests by path, status and error code",
-            ["path", "status", "code"],
-            registry=r,
-        )
+        # every HTTP answer and its duration, by route template and status, both recorded by the
+        # front door (dataplane_service_kit.front_door)
+        self.requests = Counter("query_gateway_requests_total", REQUESTS_HELP, REQUESTS_LABELS, registry=r)
         self.plan_replies_read = Counter(
             "query_gateway_plan_replies_total",
             "Plan replies that answered a request, by the copy that came first: redis (the early copy "
@@ -44,8 +47,6 @@ class Metrics:
             "ds decision cache lookups that found no live entry",
             registry=r,
         )
-        # every HTTP request by route and status (the query routes observed by their plain door,
-        # the rest by the framework's RequestDurations layer)
         self.request_duration = Histogram(
             "query_gateway_request_duration_seconds",
             DURATION_HELP,

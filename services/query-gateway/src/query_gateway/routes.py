@@ -1,17 +1,16 @@
 """HTTP routes: `POST /query` (normal path, or the legacy EDR path in dataspace mode),
 `POST /query/plan` (normal path only) and `POST /dps/public/query` (DPS-09).
 
-Each route is one `answer_*` function over the request's headers and body. Two front doors call
-them: `QueryRoutes`, plain ASGI in front of the whole FastAPI app, which serves every well-formed
-request without FastAPI's middleware, router, dependency resolution and request objects, and
-starts the request's server span itself; and the FastAPI routes, which see only what
-`QueryRoutes` passes on — a body that is not a JSON object of the expected fields, another
-content type, a body over the limit — so every refusal of a malformed request keeps the
-framework's rendering exactly."""
+Each route is one `answer_*` function over what the front door read of the request (`Incoming`:
+its headers and id) and its body. Every request passes the service kit's front door first (request
+id, body bound, span, metrics, the last safety net); behind it, two callers of the same functions:
+`QueryRoutes`, the fast path, which serves a well-formed body without FastAPI's router, dependency
+resolution and request objects; and the FastAPI routes, which see only what `QueryRoutes` passes
+on — a body that is not a JSON object of the expected fields, another content type — so every
+refusal of a malformed request keeps the framework's rendering exactly."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -19,12 +18,13 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import ValidationError
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dataplane_service_kit.authorization import bearer
-from dataplane_service_kit.errors import ServiceError, error_response, unexpected_response, validation_detail
-from dataplane_service_kit.request_ids import HEADER, from_scope, with_request_id
-from dataplane_service_kit.telemetry import ServerSpans, answered
+from dataplane_service_kit.errors import error_response, validation_detail
+from dataplane_service_kit.front_door import ROUTE_KEY
+from dataplane_service_kit.limits import replayed
+from dataplane_service_kit.request_ids import Incoming, incoming_of
 from query_gateway import openapi as api
 from query_gateway.deps import (
     AgreementHeader,
@@ -41,18 +41,18 @@ from query_gateway.deps import (
     pull_request,
     token_check,
 )
-from query_gateway.metrics import Metrics
 from query_gateway.pipeline import QueryBody, explain_normal, run_dataspace, run_normal
 from query_gateway.records.frozen import frozen_of
 from query_gateway.records.request import RequestRefused, has_filter
 from query_gateway.state import Gateway, gateway_of
 
-Answer = Callable[[Gateway, Headers, QueryBody], Awaitable[Response]]
+Answer = Callable[[Gateway, Incoming, QueryBody], Awaitable[Response]]
 
 
 # ---------------------------------------------------------------------- the routes, once
-async def answer_query(gw: Gateway, headers: Headers, body: QueryBody) -> Response:
-    ctx = context(headers, "POST", "/query")
+async def answer_query(gw: Gateway, incoming: Incoming, body: QueryBody) -> Response:
+    ctx = context(incoming, "POST", "/query")
+    headers = incoming.headers
     authorization = headers.get("authorization")
     agreement = headers.get("edc-contract-agreement-id", "").strip()
     if gw.settings.edr_enabled and agreement:
@@ -72,25 +72,27 @@ async def answer_query(gw: Gateway, headers: Headers, body: QueryBody) -> Respon
             )
             return await run_dataspace(gw, body, req, ctx)
 
-        return await guarded(gw, "/query", ctx, edr, body.limit)
+        return await guarded(ctx, edr, body.limit)
 
     async def normal() -> dict[str, object]:
         return await run_normal(gw, body, await caller_of(gw, authorization, ctx), ctx)
 
-    return await guarded(gw, "/query", ctx, normal, body.limit)
+    return await guarded(ctx, normal, body.limit)
 
 
-async def answer_plan(gw: Gateway, headers: Headers, body: QueryBody) -> Response:
-    ctx = context(headers, "POST", "/query/plan")
+async def answer_plan(gw: Gateway, incoming: Incoming, body: QueryBody) -> Response:
+    ctx = context(incoming, "POST", "/query/plan")
+    headers = incoming.headers
 
     async def explain() -> dict[str, object]:
         return await explain_normal(gw, body, await caller_of(gw, headers.get("authorization"), ctx), ctx)
 
-    return await guarded(gw, "/query/plan", ctx, explain, None)
+    return await guarded(ctx, explain, None)
 
 
-async def answer_pull(gw: Gateway, headers: Headers, body: QueryBody) -> Response:
-    ctx = context(headers, "POST", "/dps/public/query")
+async def answer_pull(gw: Gateway, incoming: Incoming, body: QueryBody) -> Response:
+    ctx = context(incoming, "POST", "/dps/public/query")
+    headers = incoming.headers
 
     async def pull() -> dict[str, object]:
         grant = await pull_grant(
@@ -105,7 +107,7 @@ async def answer_pull(gw: Gateway, headers: Headers, body: QueryBody) -> Respons
         req = pull_request(gw, grant, headers.get("edc-transfer-process-id"), headers.get("edc-purpose"))
         return await run_dataspace(gw, body, req, ctx)
 
-    return await guarded(gw, "/dps/public/query", ctx, pull, body.limit)
+    return await guarded(ctx, pull, body.limit)
 
 
 def _routes(dps_enabled: bool) -> dict[str, Answer]:
@@ -115,32 +117,20 @@ def _routes(dps_enabled: bool) -> dict[str, Answer]:
     return routes
 
 
-def body_refusals(dps_enabled: bool, metrics: Metrics) -> Callable[[Scope], None]:
-    """What a body over QUERY_MAX_BODY_BYTES leaves (refused by the service kit's `BodyLimit`
-    before any route ran): the request's metric and its access record, as for any refusal."""
+def body_refusals(dps_enabled: bool) -> Callable[[Scope], None]:
+    """The access record of a body over QUERY_MAX_BODY_BYTES on a query route (refused by the
+    front door before any route ran; the door counts it), as for any refusal."""
     routes = set(_routes(dps_enabled))
 
     def refused(scope: Scope) -> None:
         route = scope.get("path", "")
         if route in routes:
-            rid = from_scope(scope)
-            context(_headers(scope), scope.get("method", "POST"), route, rid).failed("body_too_large", 413)
-            metrics.requests.labels(route, "413", "body_too_large").inc()
+            context(incoming_of(scope), scope.get("method", "POST"), route).failed("body_too_large", 413)
 
     return refused
 
 
-# ---------------------------------------------------------------------- plain ASGI front door
-def _headers(scope: Scope) -> dict[str, str]:
-    """The request's headers as FastAPI's `Header()` reads them: latin-1, the first of a repeat."""
-    headers: dict[str, str] = {}
-    for name, value in scope.get("headers", ()):
-        key = name.decode("latin-1").lower()
-        if key not in headers:
-            headers[key] = value.decode("latin-1")
-    return headers
-
-
+# ---------------------------------------------------------------------- the fast path
 def _json_media(content_type: str | None) -> bool:
     """No content type, or exactly JSON's: the two cases in which FastAPI decodes a JSON body.
     Any other (a `+json` subtype among them) is left to FastAPI and decided there."""
@@ -152,14 +142,12 @@ def _json_media(content_type: str | None) -> bool:
 _FIELDS = tuple(QueryBody.model_fields)
 
 
-def _well_formed(raw: bytes, headers: Headers, max_bytes: int | None = None) -> QueryBody | Response | None:
+def _well_formed(raw: bytes, headers: Headers) -> QueryBody | Response | None:
     """The body as FastAPI would bind it; the refusal of a JSON object whose only fault is a field
     the body does not take (FastAPI's words: `validation_detail`); None for anything else FastAPI
-    would refuse or decide differently (not JSON, an empty body, one over the limit, a JSON value
-    orjson reads otherwise, a field error)."""
+    would refuse or decide differently (not JSON, an empty body, a JSON value orjson reads
+    otherwise, a field error)."""
     if not raw or not _json_media(headers.get("content-type")):
-        return None
-    if max_bytes is not None and len(raw) > max_bytes:
         return None
     try:
         value = orjson.loads(raw)
@@ -177,116 +165,45 @@ def _well_formed(raw: bytes, headers: Headers, max_bytes: int | None = None) -> 
 
 
 class QueryRoutes:
-    """The gateway's outermost ASGI layer: a well-formed POST to a query route is answered here,
-    with a server span of its own (`ServerSpans`) — no framework middleware, routing, dependency
-    resolution or request objects; everything else — other routes and methods, a body FastAPI
-    must refuse in its own words, a body over `max_bytes` — goes on to `app` (the FastAPI app
-    with its middleware, its body limit and its instrumentation) with what was read replayed."""
+    """The query routes' fast path, the innermost middleware of the gateway (behind the front
+    door, which has read the body whole within its bound): a well-formed POST to a query route is
+    answered here — no framework routing, dependency resolution or request objects; everything
+    else — other routes and methods, a body FastAPI must refuse in its own words — goes on to
+    `app` with the body replayed."""
 
-    def __init__(
-        self,
-        app: ASGIApp,
-        dps_enabled: bool,
-        *,
-        max_bytes: int | None = None,
-        spans: ServerSpans | None = None,
-        state: Any = None,
-        metrics: Metrics | None = None,
-    ) -> None:
+    def __init__(self, app: ASGIApp, dps_enabled: bool, state: Any) -> None:
         self.app = app
         self.routes = _routes(dps_enabled)
-        self.max_bytes = max_bytes
-        self.spans = spans or ServerSpans({"OTEL_SDK_DISABLED": "true"})
         self.state = state  # where `gateway` is set by the lifespan (the FastAPI app's state)
-        self.metrics = metrics if metrics is not None else Metrics()  # the app's (request durations)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         answer = self.routes.get(scope["path"]) if scope["type"] == "http" else None
         if (
             answer is None
             or scope["method"] != "POST"
-            or self._declared_too_large(scope)
             # a client filter on the pull query is refused by the framework's route
             or (scope["path"] == "/dps/public/query" and has_filter(scope.get("query_string", b"")))
         ):
-            await self.app(scope, receive, with_request_id(send, from_scope(scope)))
+            await self.app(scope, receive, send)
             return
-        read = await _read_body(receive, self.max_bytes)
-        if read is None:
-            return  # the client went away before its body was complete: nobody to answer
-        raw, more = read
-        headers = _headers(scope)
-        body = None if more else _well_formed(raw, headers, self.max_bytes)
-        if body is None:
-            await self.app(scope, _replay(raw, more, receive), with_request_id(send, from_scope(scope)))
-            return
-        if isinstance(body, Response):  # refused as FastAPI would refuse it
-            await body(scope, _replay(raw, more, receive), with_request_id(send, from_scope(scope)))
-            return
-        gw = gateway_of(self.state or scope["app"].state)
-        route = scope["path"]
-        started = time.perf_counter()
-        status = 500
-        try:
-            with self.spans.span("POST", route, headers) as span:
-                try:
-                    response = await answer(gw, headers, body)
-                except ServiceError as exc:  # not raised by the answers (`_guarded`); a safety net
-                    headers_of = {**(exc.headers or {}), HEADER: from_scope(scope)}
-                    response = error_response(exc.code, exc.detail, headers_of)
-                except Exception as exc:  # nor this: without it the server's bare 500 has no id
-                    response = unexpected_response(exc, from_scope(scope))
-                status = response.status_code
-                answered(span, status)
-                await response(scope, receive, send)
-        finally:  # the door's routes have no path parameters: the path is the route
-            self.metrics.request_duration.labels(route, str(status)).observe(time.perf_counter() - started)
-
-    def _declared_too_large(self, scope: Scope) -> bool:
-        if self.max_bytes is None:
-            return False
-        for name, value in scope.get("headers", ()):
-            if name.lower() == b"content-length":
-                return value.isdigit() and int(value) > self.max_bytes
-        return False
-
-
-async def _read_body(receive: Receive, max_bytes: int | None) -> tuple[bytes, bool] | None:
-    """The body and whether more of it is still to come: reading stops once it passes
-    `max_bytes` (the framework's body limit then refuses it); None when the client left."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
         message = await receive()
         if message["type"] != "http.request":
-            return None
-        chunk: bytes = message.get("body", b"")
-        chunks.append(chunk)
-        size += len(chunk)
-        more = bool(message.get("more_body", False))
-        if not more or (max_bytes is not None and size > max_bytes):
-            return b"".join(chunks), more
-
-
-def _replay(raw: bytes, more: bool, receive: Receive) -> Receive:
-    """What was read, as one message, then the rest as the server sends it."""
-    pending: Message | None = {"type": "http.request", "body": raw, "more_body": more}
-
-    async def replay() -> Message:
-        nonlocal pending
-        if pending is None:
-            return await receive()
-        message, pending = pending, None
-        return message
-
-    return replay
+            return  # the client went away: nobody to answer
+        raw: bytes = message.get("body", b"")
+        incoming = incoming_of(scope)
+        body = None if message.get("more_body", False) else _well_formed(raw, incoming.headers)
+        if body is None:
+            await self.app(scope, replayed(message, receive), send)
+            return
+        scope[ROUTE_KEY] = scope["path"]  # the door's metrics and span: these routes are their paths
+        if isinstance(body, Response):  # refused as FastAPI would refuse it
+            await body(scope, receive, send)
+            return
+        response = await answer(gateway_of(self.state), incoming, body)
+        await response(scope, receive, send)
 
 
 # ---------------------------------------------------------------------- FastAPI routes
-def _request_headers(request: Request) -> dict[str, str]:
-    return _headers(request.scope)
-
-
 _TRACE = {"parameters": api.TRACE_HEADERS}
 
 
@@ -316,7 +233,7 @@ def query_router() -> APIRouter:
         edc_transfer_process_id: TransferHeader = None,
         edc_purpose: PurposeHeader = None,
     ) -> Response:
-        return await answer_query(gateway_of(request.app.state), _request_headers(request), body)
+        return await answer_query(gateway_of(request.app.state), incoming_of(request.scope), body)
 
     @router.post(
         "/query/plan",
@@ -328,7 +245,7 @@ def query_router() -> APIRouter:
     async def query_plan(
         request: Request, body: QueryBody, authorization: AuthorizationHeader = None
     ) -> Response:
-        return await answer_plan(gateway_of(request.app.state), _request_headers(request), body)
+        return await answer_plan(gateway_of(request.app.state), incoming_of(request.scope), body)
 
     return router
 
@@ -355,6 +272,6 @@ def dps_router() -> APIRouter:
         if has_filter(request.scope.get("query_string", b"")):
             # a client range filter belongs to the records route only (docs/records.md)
             raise RequestRefused("client filters are taken by the records route only")
-        return await answer_pull(gateway_of(request.app.state), _request_headers(request), body)
+        return await answer_pull(gateway_of(request.app.state), incoming_of(request.scope), body)
 
     return router

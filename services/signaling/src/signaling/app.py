@@ -16,17 +16,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dataplane_contracts.dps import REFRESH_PATH
+from dataplane_service_kit import front_door
 from dataplane_service_kit.docs_ui import serve_docs
 from dataplane_service_kit.errors import ServiceError, install_error_handlers
 from dataplane_service_kit.health import ReadinessCheck, health_router
 from dataplane_service_kit.kafka import started_producer
-from dataplane_service_kit.limits import BodyLimit
 from dataplane_service_kit.logs import get_logger
 from dataplane_service_kit.oauth import service_token
 from dataplane_service_kit.openapi import distribution_version, openapi_document
 from dataplane_service_kit.outbound_tls import outbound_http
-from dataplane_service_kit.request_durations import RequestDurations
-from dataplane_service_kit.request_ids import RequestIds
 from dataplane_service_kit.shutdown import stop_on_exit
 from dataplane_service_kit.telemetry import FASTAPI_TELEMETRY
 from signaling import audit
@@ -307,11 +305,14 @@ def create_app(settings: Settings) -> FastAPI:
     )
     serve_docs(app)
     _install_audited_errors(app, metrics)
-    # innermost of ours: before FastAPI decodes a body, and inside the layers that time and id it
-    app.add_middleware(BodyLimit, max_bytes=settings.signaling_max_body_bytes)
     app.add_middleware(RecountFlowsOnScrape)
-    app.add_middleware(RequestDurations, histogram=metrics.request_duration)
-    app.add_middleware(RequestIds)  # the outermost of ours: every answer carries X-Request-ID
+    # outermost: the front door every request passes (request id, body bound, span, metrics)
+    front_door.install(
+        app,
+        max_body_bytes=settings.signaling_max_body_bytes,
+        durations=metrics.request_duration,
+        requests=metrics.requests,
+    )
     # /metrics renders this app's registry (readiness_dependency_up is registered on it too)
     app.include_router(health_router(lambda: _checks(app), registry=metrics.registry))
     if settings.dps_enabled:  # DPS-01: nothing under /dps exists otherwise

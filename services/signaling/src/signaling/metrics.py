@@ -12,8 +12,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from dataplane_contracts.dps import FlowState
 from dataplane_service_kit.health import app_registry
+from dataplane_service_kit.http_metrics import (
+    BUCKETS,
+    DURATION_HELP,
+    DURATION_LABELS,
+    REQUESTS_HELP,
+    REQUESTS_LABELS,
+)
 from dataplane_service_kit.logs import get_logger
-from dataplane_service_kit.request_durations import BUCKETS, DURATION_HELP, DURATION_LABELS
 from signaling import repository
 
 log = get_logger(__name__)
@@ -22,6 +28,10 @@ log = get_logger(__name__)
 class Metrics:
     def __init__(self) -> None:
         self.registry = app_registry()
+        # every HTTP answer and its duration, recorded by the front door (dataplane_service_kit.front_door)
+        self.requests = Counter(
+            "signaling_requests_total", REQUESTS_HELP, REQUESTS_LABELS, registry=self.registry
+        )
         self.request_duration = Histogram(
             "signaling_request_duration_seconds",
             DURATION_HELP,

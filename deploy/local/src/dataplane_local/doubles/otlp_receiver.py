@@ -8,7 +8,7 @@
 
 With a store file (`--config` `{store: PATH}`, as `dataplane-local up` starts it) every span is
 also appended to that file as one JSON line, with its start and end times, status and a few
-attributes (route, method, status code, messaging destination, the origin of an outgoing call's
+attributes (route, request id, method, status code, messaging destination, the origin of an outgoing call's
 URL): `dataplane-local traces` reads it. The file is rotated once it passes `STORE_MAX_BYTES`
 (32 MiB; one older generation kept, `PATH.1`), so a long-running local stack does not fill the
 disk.
@@ -44,6 +44,7 @@ STORE_MAX_BYTES = 32 * 1024 * 1024
 # principal, key or token (no URL with its query, no SQL, no header)
 KEPT_ATTRIBUTES = (
     "http.route",
+    "dataplane.request_id",  # the front door's server spans: the id the answer and the logs carry
     "http.method",
     "http.request.method",
     "http.status_code",

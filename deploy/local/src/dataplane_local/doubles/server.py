@@ -26,9 +26,10 @@ class RunningServer:
 
 
 def serve_in_thread(
-    app: FastAPI, port: int | None = None, *, tls: tuple[str, str] | None = None
+    app: FastAPI, port: int | None = None, *, tls: tuple[str, str] | None = None, lifespan: bool = True
 ) -> RunningServer:
-    """`tls`: (certificate chain file, key file) to serve HTTPS, as a TLS-terminating double."""
+    """`tls`: (certificate chain file, key file) to serve HTTPS, as a TLS-terminating double;
+    `lifespan=False` serves the app without running its lifespan (nothing it opens is there)."""
     port = port or free_port()
     certfile, keyfile = tls if tls is not None else (None, None)
     config = uvicorn.Config(
@@ -36,7 +37,7 @@ def serve_in_thread(
         host="127.0.0.1",
         port=port,
         log_level="warning",
-        lifespan="on",
+        lifespan="on" if lifespan else "off",
         ssl_certfile=certfile,
         ssl_keyfile=keyfile,
     )

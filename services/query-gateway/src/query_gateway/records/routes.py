@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, Response
 
 from dataplane_contracts.records import PROFILE_URI
 from dataplane_service_kit.errors import ServiceError, problem_response
+from dataplane_service_kit.request_ids import incoming_of
 from query_gateway import openapi as api
 from query_gateway.access_log import AccessContext
 from query_gateway.deps import (
@@ -36,10 +37,14 @@ def capabilities() -> dict[str, object]:
     return {"client_range_filters": {"supported": True, "stability": "experimental", "profile": PROFILE_URI}}
 
 
-def _headers(
-    authorization: str | None, agreement: str | None, transfer: str | None, purpose: str | None
-) -> Headers:
-    return Headers(authorization, (agreement or "").strip() or None, transfer, purpose)
+def _headers(request: Request, *, transfer: bool) -> Headers:
+    """The route's headers from what the front door read (the parameters below only document
+    them); the stream route takes no transfer or purpose."""
+    h = incoming_of(request.scope).headers
+    agreement = (h.get("edc-contract-agreement-id") or "").strip() or None
+    if not transfer:
+        return Headers(h.get("authorization"), agreement, None, None)
+    return Headers(h.get("authorization"), agreement, h.get("edc-transfer-process-id"), h.get("edc-purpose"))
 
 
 Run = Callable[[Gateway, AccessContext], Awaitable[dict[str, object]]]
@@ -47,17 +52,13 @@ Run = Callable[[Gateway, AccessContext], Awaitable[dict[str, object]]]
 
 async def _answer(request: Request, route: str, run: Run) -> Response:
     """One request under the gateway's access records and metrics, as the query routes are."""
-    ctx = access_context(_lower(request), "GET", route)
+    ctx = access_context(incoming_of(request.scope), "GET", route)
     gw = gateway_of(request.app.state)
 
     async def once() -> dict[str, object]:
         return await run(gw, ctx)
 
-    return await guarded(gw, route, ctx, once, None)  # the records routes cap their own limit
-
-
-def _lower(request: Request) -> dict[str, str]:
-    return {k.lower(): v for k, v in request.headers.items()}
+    return await guarded(ctx, once, None)  # the records routes cap their own limit
 
 
 def records_router() -> APIRouter:
@@ -77,7 +78,7 @@ def records_router() -> APIRouter:
         authorization: PullAuthorizationHeader = None,
         edc_contract_agreement_id: AgreementHeader = None,
     ) -> Response:
-        h = _headers(authorization, edc_contract_agreement_id, None, None)
+        h = _headers(request, transfer=False)
         qs = request.scope.get("query_string", b"")
 
         async def run(gw: Gateway, ctx: AccessContext) -> dict[str, object]:
@@ -102,7 +103,7 @@ def records_router() -> APIRouter:
         edc_purpose: PurposeHeader = None,
     ) -> Response:
         codec: CursorCodec | None = request.app.state.cursor_codec
-        h = _headers(authorization, edc_contract_agreement_id, edc_transfer_process_id, edc_purpose)
+        h = _headers(request, transfer=True)
         qs = request.scope.get("query_string", b"")
 
         async def run(gw: Gateway, ctx: AccessContext) -> dict[str, object]:
