@@ -32,6 +32,8 @@ class RecordsQuery:
     filters: tuple[tuple[str, str, str], ...]  # (field, op, value) as sent, in order
     limit: int
     cursor: str | None
+    # a change session: "beginning" or a `next_changes_since` token (docs/records.md)
+    changes_since: str | None = None
 
 
 def _pairs(query_string: bytes) -> list[tuple[str, str]]:
@@ -59,6 +61,7 @@ def parse_records_query(query_string: bytes) -> RecordsQuery:
     seen: set[tuple[str, str]] = set()
     limit: int | None = None
     cursor: str | None = None
+    changes_since: str | None = None
     for name, value in _pairs(query_string):
         if name.startswith("filter"):
             match = _EXACT.fullmatch(name)
@@ -77,9 +80,17 @@ def parse_records_query(query_string: bytes) -> RecordsQuery:
             if cursor is not None or not value:
                 raise RequestRefused("cursor must appear once, as it was returned")
             cursor = value
+        elif name == "changes_since":
+            if changes_since is not None or not value:
+                raise RequestRefused("changes_since must appear once, as `beginning` or as it was returned")
+            changes_since = value
         else:
-            raise RequestRefused("the records route takes filter[field][op], limit and cursor only")
-    return RecordsQuery(tuple(filters), limit or DEFAULT_LIMIT, cursor)
+            raise RequestRefused(
+                "the records route takes filter[field][op], limit, cursor and changes_since only"
+            )
+    if cursor is not None and changes_since is not None:
+        raise RequestRefused("a page cursor and changes_since do not combine: a session pages by its token")
+    return RecordsQuery(tuple(filters), limit or DEFAULT_LIMIT, cursor, changes_since)
 
 
 def refuse_any_parameter(query_string: bytes) -> None:

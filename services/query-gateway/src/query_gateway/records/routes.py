@@ -22,8 +22,9 @@ from query_gateway.deps import (
 )
 from query_gateway.deps import context as access_context
 from query_gateway.records.cursor import CursorCodec
+from query_gateway.records.read import Headers
 from query_gateway.records.request import RequestRefused
-from query_gateway.records.serve import Headers, records_page, stream_metadata
+from query_gateway.records.serve import records_page, stream_metadata
 from query_gateway.state import Gateway, gateway_of
 
 STREAM = "/dps/public/streams/{dataset}"

@@ -5,35 +5,20 @@ and the disclosure durable before the page leaves."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from sqlglot import exp
-
 from dataplane_service_kit.errors import ServiceError
 from query_gateway.access_log import AccessContext
-from query_gateway.deps import pull_grant, pull_request
-from query_gateway.pipeline import narrow_for_dataspace, validate
+from query_gateway.deps import pull_grant
+from query_gateway.records.changes import changes_answer
 from query_gateway.records.cursor import CursorCodec, filter_set_digest
 from query_gateway.records.frozen import bounds_of, check_evaluable, frozen_of, metadata_of
+from query_gateway.records.read import Headers, dataspace_read
 from query_gateway.records.request import parse_records_query, refuse_any_parameter
 from query_gateway.records.values import Bound
 from query_gateway.sql.model import NarrowedQuery
-from query_gateway.sql.scope import DIALECT
+from query_gateway.sql.scope import quoted as _ident
 from query_gateway.state import Gateway
 
 _KEY_PREFIX = "_dp_key"  # the reserved prefix: no column of a dataset can be called that
-
-
-def _ident(name: str) -> str:
-    return str(exp.to_identifier(name, quoted=True).sql(dialect=DIALECT))
-
-
-@dataclass(frozen=True)
-class Headers:
-    authorization: str | None
-    agreement: str | None
-    transfer: str | None
-    purpose: str | None
 
 
 async def stream_metadata(
@@ -67,13 +52,14 @@ async def records_page(
     if frozen is not None:
         check_evaluable(bounds, frozen, entry, gw.columns)
     digest = filter_set_digest(bounds)
+    if query.changes_since is not None:  # a change session (docs/records.md, "Change sessions")
+        return await changes_answer(
+            gw, codec.sessions, grant, h=h, entry=entry, bounds=bounds, filters=digest, query=query, ctx=ctx
+        )
     key = entry.records.key
     after = codec.decode(query.cursor, grant.flow_id, dataset_id, digest, len(key)) if query.cursor else None
 
-    req = pull_request(gw, grant, h.transfer, h.purpose)
-    whole = f"SELECT * FROM {_ident(dataset_id)}"  # noqa: S608 - a quoted identifier
-    q = await validate(gw, whole, ctx)
-    granted = await narrow_for_dataspace(gw, q, req, ctx)
+    req, granted = await dataspace_read(gw, grant, h, ctx)
     key_types = [gw.columns[entry.table][k] for k in key]
     statement = _filtered(granted.narrowed, bounds, key, key_types, after)
     limit = min(query.limit, entry.max_rows or query.limit)  # QE-07: the dataset's cap

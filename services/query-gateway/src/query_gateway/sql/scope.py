@@ -10,6 +10,11 @@ from sqlglot import exp
 DIALECT = "postgres"
 
 
+def quoted(name: str) -> str:
+    """A column or dataset name as a quoted PostgreSQL identifier."""
+    return str(exp.to_identifier(name, quoted=True).sql(dialect=DIALECT))
+
+
 def fold(ident: exp.Identifier) -> str:
     """PostgreSQL's name rule: an unquoted identifier is case-folded, a quoted one is kept."""
     name: str = ident.this
