@@ -191,8 +191,17 @@ async def test_issue32_a_verdict_that_drops_a_subject_is_resync_required_and_its
     assert again.rows == await truth(db, ["s1"]) and not any(k in again.rows for k in (3, 9))
     await db.execute("UPDATE events SET memo = 'i3' WHERE id = 9")  # s2's row changes
     await db.execute("UPDATE events SET memo = 'h2' WHERE id = 8")
-    await sync(live, token, since, again)
+    since = await sync(live, token, since, again)
     assert 9 not in again.seen and again.rows[8] == "h2"
+
+    consented.set_policy(consent_policy([], dataset="events"))  # every subject withdrew: a deny
+    refused(await changes(live, token, since, IN_RANGE), 409, "resync_required")
+    nothing = Copy()
+    denied = await sync(live, token, "beginning", nothing)
+    assert nothing.rows == {} and nothing.seen == set()
+    assert (await changes(live, token, denied, IN_RANGE, replica=1)).json()["items"] == []
+    consented.set_policy(consent_policy(["s1"], dataset="events"))  # consent given again
+    refused(await changes(live, token, denied, IN_RANGE), 409, "resync_required")
 
 
 async def test_issue32_a_transaction_committing_after_a_later_one_is_not_skipped(

@@ -257,7 +257,7 @@ class ChangesPage(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    items: list[dict[str, Any]] = Field(
+    items: list[Tombstone | dict[str, Any]] = Field(
         description="records that changed and are visible, each an object by column name, and tombstones"
         ' (`{"key": ..., "tombstone": true}`) of records that changed and are not'
     )
