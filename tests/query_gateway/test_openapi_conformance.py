@@ -77,7 +77,7 @@ def test_openapi_documents_every_route_its_headers_and_codes(served: RunningServ
     assert "query_too_expensive" in codes_400["error"]["enum"]
     # issue 32: the records route documents change sessions, their answer and their codes
     records = document["paths"]["/dps/public/streams/{dataset}/records"]["get"]
-    assert "changes_since" in {p["name"] for p in records["parameters"] if p["in"] == "query"}
+    assert {"changes_since", "wait"} <= {p["name"] for p in records["parameters"] if p["in"] == "query"}
     answers = records["responses"]["200"]["content"]["application/json"]["schema"]["anyOf"]
     assert {a["$ref"].rsplit("/", 1)[-1] for a in answers} == {"RecordsPage", "ChangesPage"}
     changes = document["components"]["schemas"]["ChangesPage"]

@@ -5,6 +5,7 @@ is kept as a client would (items upserted, tombstones removed)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,11 +16,13 @@ import httpx
 import pytest
 import yaml
 
+from dataplane_contracts.topics import AUDIT_DISCLOSURES
 from dataplane_local.doubles.ds_connector import DsConnectorDouble
 from dataplane_testing.gateway import World, running_gateway
 from dataplane_testing.records import CURSOR_SECRET, RecordsWorld, consent_policy, records_world
 from dataplane_testing.topics import TopicTail
 from query_gateway.app import StartupRefused
+from query_gateway.records.watch import ChangeWatchers
 
 CATALOGUE = Path(__file__).parent / "records_changes_catalogue.yaml"
 # the change column and the trigger docs/records.md asks of an operator: the writing
@@ -304,3 +307,99 @@ async def test_issue32_a_change_order_the_table_cannot_serve_refuses_start_up(
     with pytest.raises(StartupRefused, match="dataset events: " + named):
         async with running_gateway(settings):
             pass
+
+
+# ---------------------------------------------------------------------- the long poll (wait=<s>)
+async def test_issue32_a_long_poll_is_woken_by_a_new_row_and_delivers_it(
+    live: RecordsWorld, consented: DsConnectorDouble, db: asyncpg.Connection, world: World
+) -> None:
+    token, _, since = await begun(live)
+    async with TopicTail(world.kafka, AUDIT_DISCLOSURES) as disclosures:  # from here on
+        await _woken_by_a_new_row(live, token, since, db, disclosures)
+
+
+async def _woken_by_a_new_row(
+    live: RecordsWorld, token: str, since: str, db: asyncpg.Connection, disclosures: TopicTail
+) -> None:
+    clock = asyncio.get_running_loop().time
+    started = clock()
+    waiting = asyncio.create_task(changes(live, token, since, IN_RANGE, replica=1, wait="20"))
+    await asyncio.sleep(0.6)
+    assert not waiting.done()  # nothing changed: the request waits
+    await db.execute("INSERT INTO events (id, subject, amount, memo) VALUES (30, 's1', 1, 'new')")
+    r = await asyncio.wait_for(waiting, 15)
+    assert r.status_code == 200, r.text
+    assert [item["id"] for item in r.json()["items"]] == [30]
+    assert clock() - started < 10  # woken by the change, not by the end of its wait
+    [record] = await disclosures.read(1)
+    assert json.loads(record.value)["row_count"] == 1  # the delivery's disclosure
+    assert await disclosures.quiet() == []  # and the wait disclosed nothing
+
+
+async def test_issue32_a_long_poll_without_a_change_answers_empty_at_the_end_of_its_wait(
+    live: RecordsWorld, consented: DsConnectorDouble
+) -> None:
+    token, _, since = await begun(live)
+    clock = asyncio.get_running_loop().time
+    started = clock()
+    r = await changes(live, token, since, IN_RANGE, wait="1")
+    assert r.status_code == 200, r.text
+    assert r.json()["items"] == [] and r.json()["has_more"] is False
+    assert 1 <= clock() - started < 8
+    refused(await changes(live, token, since, IN_RANGE, wait="-1"), 400, "invalid_request")
+    page = await live.replicas[0].get(
+        "/dps/public/streams/events/records",
+        params={"wait": "1"},
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    refused(page, 400, "invalid_request")  # wait belongs to a change session
+
+
+async def test_issue32_a_long_poll_rechecks_the_flow_before_delivering(
+    live: RecordsWorld, consented: DsConnectorDouble, db: asyncpg.Connection
+) -> None:
+    flow, token = await live.start(dataset="events")
+    since = await sync(live, token, "beginning", Copy())
+    waiting = asyncio.create_task(changes(live, token, since, IN_RANGE, wait="20"))
+    await asyncio.sleep(0.4)
+    assert await live.signal(flow, "suspend", {"reason": "pause"}) is None
+    await db.execute("INSERT INTO events (id, subject, amount, memo) VALUES (31, 's1', 1, 'late')")
+    r = await asyncio.wait_for(waiting, 15)
+    refused(r, 401, "pull_token")  # the suspended flow's token is not live: the refusal, not the row
+    assert "late" not in r.text
+
+
+async def test_issue32_a_long_poll_rechecks_the_verdict_before_delivering(
+    live: RecordsWorld, consented: DsConnectorDouble, db: asyncpg.Connection
+) -> None:
+    token, _, since = await begun(live)
+    waiting = asyncio.create_task(changes(live, token, since, IN_RANGE, replica=1, wait="20"))
+    await asyncio.sleep(0.4)
+    consented.set_policy(consent_policy(["s1"], dataset="events"))  # s2 withdrew while it waits
+    await db.execute("INSERT INTO events (id, subject, amount, memo) VALUES (32, 's2', 1, 's2 row')")
+    r = await asyncio.wait_for(waiting, 15)
+    refused(r, 409, "resync_required")
+    assert "s2 row" not in r.text
+
+
+async def test_issue32_one_watcher_per_change_column_wakes_every_waiter(live: RecordsWorld) -> None:
+    pool = await asyncpg.create_pool(live.datasets_url, min_size=1, max_size=2)
+    watchers = ChangeWatchers(pool)
+    db = await asyncpg.connect(live.datasets_url)
+    try:
+        highest = int(await db.fetchval("SELECT max(changed)::text FROM events"))
+        waiters = [
+            asyncio.create_task(watchers.wait("events", "changed", highest + 1, 15)) for _ in range(50)
+        ]
+        await asyncio.sleep(0.5)
+        assert watchers.watching == 1  # fifty waiters, one query per tick
+        assert not any(w.done() for w in waiters)
+        await db.execute("UPDATE events SET memo = memo WHERE id = 8")
+        assert await asyncio.wait_for(asyncio.gather(*waiters), 10) == [True] * 50
+        await asyncio.sleep(0.5)
+        assert watchers.watching == 0  # nobody waits: no watcher runs
+        assert await watchers.wait("events", "changed", highest + 10**9, 0.3) is False  # timed out
+    finally:
+        await watchers.close()
+        await db.close()
+        await pool.close()

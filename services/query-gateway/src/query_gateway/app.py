@@ -42,6 +42,7 @@ from query_gateway.pipeline import QueryBody
 from query_gateway.records.cursor import CursorCodec
 from query_gateway.records.routes import install_profile_errors, records_router
 from query_gateway.records.startup import records_declared
+from query_gateway.records.watch import ChangeWatchers
 from query_gateway.routes import QueryRoutes, body_refusals, dps_router, query_router
 from query_gateway.settings import Settings
 from query_gateway.sql import QueryExecutor
@@ -73,7 +74,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         except CatalogueRefused as exc:  # GS-09 names dataset, filter and column; GS-08, a handler
             raise StartupRefused(str(exc)) from None
         catalogue = checked.catalogue
-        app.state.cursor_codec = _cursor_codec(settings, catalogue)
+        _records_state(app, catalogue, pool, stack)
         redis = aioredis.from_url(
             settings.redis_url,
             socket_connect_timeout=settings.redis_connect_timeout_seconds,
@@ -250,6 +251,17 @@ def _refuse_early(settings: Settings) -> None:
         raise StartupRefused(str(exc)) from None
 
 
+def _records_state(
+    app: FastAPI, catalogue: Catalogue, pool: asyncpg.Pool, stack: contextlib.AsyncExitStack[bool | None]
+) -> None:
+    """The records routes' cursor codec, and the change sessions' long-poll watchers
+    (docs/records.md), closed before the pool: every waiting request answers with what it has
+    while the database is still there."""
+    app.state.cursor_codec = _cursor_codec(app.state.settings, catalogue)
+    app.state.change_watchers = watchers = ChangeWatchers(pool)
+    stack.push_async_callback(watchers.close)
+
+
 def _cursor_codec(settings: Settings, catalogue: Catalogue) -> CursorCodec | None:
     """RECORDS_CURSOR_SECRET, required on a DPS gateway whose catalogue declares records."""
     declared = records_declared(catalogue)
@@ -301,6 +313,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.checks = {}
     app.state.capabilities = {}
     app.state.cursor_codec = None
+    app.state.change_watchers = None
     # a body that is not JSON at all (invalid UTF-8 among others) is 400 invalid_body: refused
     # before anything reads it, like a NUL or a lone surrogate in the statement
     install_error_handlers(

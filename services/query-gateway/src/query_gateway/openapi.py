@@ -354,6 +354,14 @@ RECORDS_QUERY: list[dict[str, Any]] = [
         "schema": {"type": "string", "minLength": 1},
     },
     {
+        "name": "wait",
+        "in": "query",
+        "required": False,
+        "description": "with `changes_since` only: seconds an answer that would be empty waits for a change"
+        " (at most 20, more is read as 20); every check is made again before a delivery",
+        "schema": {"type": "integer", "minimum": 0, "maximum": 999_999_999},
+    },
+    {
         "name": "filter",
         "in": "query",
         "required": False,

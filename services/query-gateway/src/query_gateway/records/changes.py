@@ -12,6 +12,8 @@ them in the client's copy."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from dataplane_contracts.catalogue import DatasetEntry
 from dataplane_service_kit.errors import ServiceError
 from query_gateway.access_log import AccessContext
@@ -33,6 +35,17 @@ from query_gateway.sql.changes import (
 from query_gateway.state import Gateway
 
 START = Position("0", None, None)
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A long poll's answer that would be empty: nothing delivered, nothing disclosed; the
+    request waits for a change at or above `since` (None: for its time only) and reads again."""
+
+    table: str
+    column: str
+    since: int | None
+    wait_s: int  # the request's `wait`
 
 
 def change_order(gw: Gateway, entry: DatasetEntry) -> ChangeOrder:
@@ -70,7 +83,9 @@ async def changes_answer(
     filters: str,
     query: RecordsQuery,
     ctx: AccessContext,
-) -> dict[str, object]:
+    final: bool = True,
+) -> dict[str, object] | Pending:
+    """`final` False (a long poll with time left): an answer with nothing in it is Pending."""
     order = change_order(gw, entry)
     token = query.changes_since
     assert token is not None
@@ -96,6 +111,9 @@ async def changes_answer(
         changed = changed[:limit]
         items = [_delivered(row, order.key) for row in changed]
         position = _next(position, page.items, changed, has_more, len(order.key))
+    if not final and not items and query.wait:
+        since = None if narrowed.denied else int(position.change)
+        return Pending(order.table, order.column, since, query.wait)
     await granted.disclose(gw, req, len(items))  # RF-10: a tombstone discloses a key too
     ctx.succeeded()
     next_token = sessions.encode(

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataplane_service_kit.errors import ServiceError
 from query_gateway.access_log import AccessContext
 from query_gateway.deps import pull_grant
-from query_gateway.records.changes import changes_answer
+from query_gateway.records.changes import Pending, changes_answer
 from query_gateway.records.cursor import CursorCodec, filter_set_digest
 from query_gateway.records.frozen import bounds_of, check_evaluable, frozen_of, metadata_of
 from query_gateway.records.read import Headers, dataspace_read
@@ -41,7 +41,10 @@ async def records_page(
     dataset_id: str,
     query_string: bytes,
     ctx: AccessContext,
-) -> dict[str, object]:
+    final: bool = True,
+) -> dict[str, object] | Pending:
+    """`final`: for a change session's long poll, whether this is its last read (else an empty
+    answer is Pending)."""
     grant = await pull_grant(gw, h.authorization, h.agreement, ctx, dataset_id)
     frozen = frozen_of(grant.grant_extensions, grant.dataset_id)  # before anything is served
     query = parse_records_query(query_string)
@@ -54,7 +57,16 @@ async def records_page(
     digest = filter_set_digest(bounds)
     if query.changes_since is not None:  # a change session (docs/records.md, "Change sessions")
         return await changes_answer(
-            gw, codec.sessions, grant, h=h, entry=entry, bounds=bounds, filters=digest, query=query, ctx=ctx
+            gw,
+            codec.sessions,
+            grant,
+            h=h,
+            entry=entry,
+            bounds=bounds,
+            filters=digest,
+            query=query,
+            ctx=ctx,
+            final=final,
         )
     key = entry.records.key
     after = codec.decode(query.cursor, grant.flow_id, dataset_id, digest, len(key)) if query.cursor else None

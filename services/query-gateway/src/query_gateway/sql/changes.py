@@ -138,3 +138,12 @@ def changes_statement(
         # column, so the narrowed output carries it as the table holds it)
         order_by=f" ORDER BY q.{CHANGE} ASC NULLS LAST, {key_order}",
     )
+
+
+def watch_statement(table: str, column: str) -> str:
+    """A change watcher's one query per tick for a whole dataset: the highest change below the
+    horizon. Every change that becomes servable lies above the last value seen (it was at or
+    above the horizon then, and that value below it), so a session waiting past position `p`
+    has something to read once this reaches `p`. Served by the change column's index."""
+    c = f"t.{_ident(column)}"
+    return f"SELECT max({c})::text FROM {table} AS t WHERE {c} < pg_snapshot_xmin(pg_current_snapshot())"  # noqa: S608
