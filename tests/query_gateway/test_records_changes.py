@@ -48,6 +48,21 @@ BEGIN
 END $$;
 CREATE TRIGGER events_changed BEFORE INSERT OR UPDATE OR DELETE ON events
   FOR EACH ROW EXECUTE FUNCTION events_changed();
+CREATE TABLE pairs (
+    region text NOT NULL, seq int NOT NULL, subject text NOT NULL, note text,
+    changed xid8 NOT NULL DEFAULT pg_current_xact_id(), gone boolean NOT NULL DEFAULT false,
+    PRIMARY KEY (region, seq)
+);
+CREATE INDEX pairs_changed ON pairs (changed);
+CREATE FUNCTION pairs_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  NEW.changed := pg_current_xact_id();
+  RETURN NEW;
+END $$;
+CREATE TRIGGER pairs_changed BEFORE INSERT OR UPDATE ON pairs
+  FOR EACH ROW EXECUTE FUNCTION pairs_changed();
+INSERT INTO pairs (region, seq, subject, note) VALUES
+ ('north', 2, 's1', 'n2'), ('north', 10, 's1', 'n10'), ('south', 1, 's1', 's1'), ('south', 3, 's2', 's3');
 INSERT INTO events (id, subject, amount, memo) VALUES
  (1, 's1', 1, 'a'), (2, 's1', -1, 'b'), (3, 's2', 2, 'c'), (4, 's3', 3, 'd'), (5, 's1', NULL, 'e'),
  (8, 's1', 0, 'h'), (9, 's2', 7, 'i');
@@ -403,3 +418,31 @@ async def test_issue32_one_watcher_per_change_column_wakes_every_waiter(live: Re
         await watchers.close()
         await db.close()
         await pool.close()
+
+
+async def test_issue32_a_composite_key_orders_the_session_and_names_its_tombstones(
+    live: RecordsWorld, ds: DsConnectorDouble, db: asyncpg.Connection
+) -> None:
+    ds.set_policy(consent_policy(["s1"], dataset="pairs"))
+    _, token = await live.start(dataset="pairs")
+
+    async def answer(since: str) -> dict[str, Any]:
+        r = await live.replicas[1].get(
+            "/dps/public/streams/pairs/records",
+            params={"changes_since": since, "limit": "1"},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        assert r.status_code == 200, r.text
+        body: dict[str, Any] = r.json()
+        return body
+
+    since, keys = "beginning", []
+    while True:  # one transaction wrote them all: the record key orders them, 2 before 10
+        body = await answer(since)
+        keys += [[i["region"], i["seq"]] for i in body["items"]]
+        since = body["next_changes_since"]
+        if not body["has_more"]:
+            break
+    assert keys == [["north", 2], ["north", 10], ["south", 1]]
+    await db.execute("UPDATE pairs SET gone = true WHERE region = 'north' AND seq = 10")
+    assert (await answer(since))["items"] == [{"key": ["north", 10], "tombstone": True}]
