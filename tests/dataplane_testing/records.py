@@ -73,6 +73,8 @@ class RecordsWorld:
     cp_token: str
     datasets_url: str
     public_pem: str  # signaling's token key, as the gateway verifies with it
+    # every gateway replica over the same databases (the first is `gateway`)
+    replicas: tuple[httpx.AsyncClient, ...] = ()
 
     def declare(self, catalogue: dict[str, Any]) -> None:
         """Signaling's catalogue as it is from now on (read again on the next start)."""
@@ -152,13 +154,22 @@ async def _migrated_flows(postgres_url: str) -> str:
 
 
 @contextlib.asynccontextmanager
-async def records_world(world: World, postgres_url: str, directory: Path) -> AsyncIterator[RecordsWorld]:
-    """Signaling and a DPS gateway over one migrated flows database; the gateway reads
-    `records_catalogue.yaml`, signaling a copy of it in `directory`."""
+async def records_world(
+    world: World,
+    postgres_url: str,
+    directory: Path,
+    *,
+    catalogue: Path = CATALOGUE,
+    seed: str = SEED,
+    replicas: int = 1,
+) -> AsyncIterator[RecordsWorld]:
+    """Signaling and `replicas` DPS gateways over one migrated flows database and one datasets
+    database seeded with `seed`; the gateways read `catalogue`, signaling a copy of it in
+    `directory`."""
     key = ec.generate_private_key(ec.SECP256R1())
     flows_url = await _migrated_flows(postgres_url)
     sig_catalogue = directory / "signaling-catalogue.yaml"
-    sig_catalogue.write_text(CATALOGUE.read_text())
+    sig_catalogue.write_text(catalogue.read_text())  # noqa: ASYNC240 - a small file, once per module
     values = signaling_support.settings_values(
         flows_url, world.kafka, world.issuer.base_url, signaling_support.pem_of(key)
     )
@@ -167,19 +178,27 @@ async def records_world(world: World, postgres_url: str, directory: Path) -> Asy
         {"azp": signaling_support.CP, "gty": "client-credentials"}, audience=signaling_support.AUDIENCE
     )
     try:
-        async with scratch_database(postgres_url, SEED) as datasets_url:
+        async with scratch_database(postgres_url, seed) as datasets_url, contextlib.AsyncExitStack() as stack:
             settings = world.settings(
-                catalogue_path=str(CATALOGUE),
+                catalogue_path=str(catalogue),
                 datasets_database_url=datasets_url,
                 dps_enabled=True,
                 dps_token_public_key=_public_pem(key),
                 dps_flows_database_url=flows_url,
                 records_cursor_secret=CURSOR_SECRET,
             )
-            async with signaling_support.run_app(values) as sig, running_gateway(settings) as gw:
-                yield RecordsWorld(
-                    gw, sig.client, flows_url, sig_catalogue, cp_token, datasets_url, _public_pem(key)
-                )
+            sig = await stack.enter_async_context(signaling_support.run_app(values))
+            gateways = [await stack.enter_async_context(running_gateway(settings)) for _ in range(replicas)]
+            yield RecordsWorld(
+                gateways[0],
+                sig.client,
+                flows_url,
+                sig_catalogue,
+                cp_token,
+                datasets_url,
+                _public_pem(key),
+                tuple(gateways),
+            )
     finally:
         await drop_database(postgres_url, flows_url)
 

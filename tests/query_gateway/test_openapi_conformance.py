@@ -75,6 +75,20 @@ def test_openapi_documents_every_route_its_headers_and_codes(served: RunningServ
     assert "rate_limit_unavailable" in codes_503
     codes_400 = query["responses"]["400"]["content"]["application/problem+json"]["schema"]["properties"]
     assert "query_too_expensive" in codes_400["error"]["enum"]
+    # issue 32: the records route documents change sessions, their answer and their codes
+    records = document["paths"]["/dps/public/streams/{dataset}/records"]["get"]
+    assert {"changes_since", "wait"} <= {p["name"] for p in records["parameters"] if p["in"] == "query"}
+    answers = records["responses"]["200"]["content"]["application/json"]["schema"]["anyOf"]
+    assert {a["$ref"].rsplit("/", 1)[-1] for a in answers} == {"RecordsPage", "ChangesPage"}
+    changes = document["components"]["schemas"]["ChangesPage"]
+    assert set(changes["properties"]) == {"items", "limit", "has_more", "next_changes_since"}
+    tombstone = document["components"]["schemas"]["Tombstone"]
+    assert set(tombstone["properties"]) == {"key", "tombstone"} and tombstone["additionalProperties"] is False
+    assert records["responses"]["409"]["content"]["application/problem+json"]["schema"]["properties"][
+        "error"
+    ]["enum"] == ["resync_required"]
+    codes_400 = records["responses"]["400"]["content"]["application/problem+json"]["schema"]["properties"]
+    assert {"invalid_cursor", "invalid_request"} <= set(codes_400["error"]["enum"])
     conformance.docs_served_from_the_package(served.url)
 
 

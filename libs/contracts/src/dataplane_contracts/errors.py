@@ -20,6 +20,7 @@ ErrorCode = Literal[
     "invalid_body",
     "invalid_request",
     "invalid_cursor",
+    "resync_required",
     "auth_required",
     "invalid_token",
     "provider_not_served",
@@ -88,6 +89,9 @@ STATUS: dict[str, int] = {
     "invalid_body": 400,  # not a JSON document: invalid UTF-8, or not JSON at all
     "invalid_request": 422,  # 400 on the records routes, as the range-filter profile fixes it
     "invalid_cursor": 400,  # a records cursor tampered with, or presented with another filter set
+    # a changes_since token whose visibility context (ds's verdict, row filters, projection) is no
+    # longer the flow's: the client starts again from `beginning` (docs/records.md)
+    "resync_required": 409,
     "auth_required": 401,
     "invalid_token": 401,
     "provider_not_served": 401,

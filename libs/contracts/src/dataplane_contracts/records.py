@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from pydantic import Field, StrictStr, field_validator
+from pydantic import Field, StrictStr, field_validator, model_validator
 
 from dataplane_contracts.base import ContractModel
 
@@ -41,14 +41,39 @@ class RangeFilterSpec(ContractModel):
     _ops_once = field_validator("ops")(lambda v: _distinct(v, "ops"))
 
 
+class ChangesSpec(ContractModel):
+    """A dataset's change order (docs/records.md, "Change sessions"): `column` holds the id of
+    the transaction that last wrote the row (`xid8`, set by the operator's trigger), `deleted`
+    the optional soft-delete column (a row is gone when it is true, or not NULL for a timestamp)."""
+
+    column: StrictStr = Field(min_length=1, max_length=63)
+    deleted: StrictStr | None = Field(default=None, min_length=1, max_length=63)
+
+
 class RecordsSpec(ContractModel):
     """A dataset's `records:` declaration: the record key (unique columns, the order of every
-    page and the position a cursor holds) and the fields a flow may be granted range filters on."""
+    page and the position a cursor holds), the fields a flow may be granted range filters on,
+    and the change order that `changes_since` sessions follow (None: no sessions)."""
 
     key: list[StrictStr] = Field(min_length=1)
     range_filters: dict[StrictStr, RangeFilterSpec] = Field(default_factory=dict)
+    changes: ChangesSpec | None = None
 
     _key_once = field_validator("key")(lambda v: _distinct(v, "records.key"))
+
+    @model_validator(mode="after")
+    def _changes_apart(self) -> RecordsSpec:
+        """The change and soft-delete columns are the gateway's bookkeeping: neither may be the
+        record key, nor the two one column."""
+        if self.changes is None:
+            return self
+        named = [self.changes.column, *([self.changes.deleted] if self.changes.deleted else [])]
+        for name in named:
+            if name in self.key:
+                raise ValueError(f"records.changes column {name} is a records.key field")
+        if len(set(named)) != len(named):
+            raise ValueError("records.changes names one column as both column and deleted")
+        return self
 
 
 def freeze(dataset_id: str, records: RecordsSpec | None) -> dict[str, Any] | None:

@@ -48,6 +48,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.checks = {}
     app.state.capabilities = {}
     app.state.cursor_codec = None
+    app.state.change_watchers = None
     # a body that is not JSON at all (invalid UTF-8 among others) is 400 invalid_body: refused
     # before anything reads it, like a NUL or a lone surrogate in the statement
     install_error_handlers(

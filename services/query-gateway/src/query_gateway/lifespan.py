@@ -35,6 +35,7 @@ from query_gateway.clients.rate_limit import RateLimiter, default_limit
 from query_gateway.metrics import Metrics
 from query_gateway.records.cursor import CursorCodec
 from query_gateway.records.startup import records_declared
+from query_gateway.records.watch import ChangeWatchers
 from query_gateway.settings import Settings
 from query_gateway.sql import QueryExecutor, datasets_pool
 from query_gateway.state import Gateway
@@ -56,7 +57,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     async with contextlib.AsyncExitStack() as stack:
         pool = await _datasets(settings, stack)
         checked = await _checked_catalogue(settings, pool)
-        app.state.cursor_codec = _cursor_codec(settings, checked.catalogue)
+        _records_state(app, checked.catalogue, pool, stack)
         redis = opened_redis(settings, stack)
         producer = await started_producer(settings, stack)
         plans = await _plan_client(settings, redis, producer, metrics, stack)
@@ -128,6 +129,15 @@ async def _checked_catalogue(settings: Settings, pool: asyncpg.Pool) -> CheckedC
         return await check_catalogue(settings, pool)
     except CatalogueRefused as exc:  # GS-09 names dataset, filter and column; GS-08, a handler
         raise StartupRefused(str(exc)) from None
+
+
+def _records_state(app: FastAPI, catalogue: Catalogue, pool: asyncpg.Pool, stack: Stack) -> None:
+    """The records routes' cursor codec, and the change sessions' long-poll watchers
+    (docs/records.md), closed before the pool: every waiting request answers with what it has
+    while the database is still there."""
+    app.state.cursor_codec = _cursor_codec(app.state.settings, catalogue)
+    app.state.change_watchers = watchers = ChangeWatchers(pool)
+    stack.push_async_callback(watchers.close)
 
 
 def _cursor_codec(settings: Settings, catalogue: Catalogue) -> CursorCodec | None:

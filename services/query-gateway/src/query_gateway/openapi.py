@@ -184,7 +184,7 @@ _DATASPACE = (
 )
 
 
-def _ok(model: type[BaseModel], description: str, page: bool = True) -> dict[int | str, dict[str, Any]]:
+def _ok(model: object, description: str, page: bool = True) -> dict[int | str, dict[str, Any]]:
     headers = {**REQUEST_ID, **(LIMIT_CLAMPED if page else {})}
     return {200: {"model": model, "description": description, "headers": headers}}
 
@@ -243,6 +243,31 @@ class RecordsPage(BaseModel):
     )
 
 
+class Tombstone(BaseModel):
+    """A record that stopped being visible to the session: its key alone, no data."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: Any = Field(description="the record key: its value, or the list of values of a composite key")
+    tombstone: Literal[True]
+
+
+class ChangesPage(BaseModel):
+    """One answer of a `changes_since` session, in change order."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    items: list[Tombstone | dict[str, Any]] = Field(
+        description="records that changed and are visible, each an object by column name, and tombstones"
+        ' (`{"key": ..., "tombstone": true}`) of records that changed and are not'
+    )
+    limit: int = Field(description="as for a page")
+    has_more: bool = Field(description="whether more changes below the horizon follow at once")
+    next_changes_since: str = Field(
+        description="opaque; the session's next request, with the same filters (also when has_more is false)"
+    )
+
+
 class StreamQuery(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -286,10 +311,14 @@ STREAM_RESPONSES = _profile_status(
 )
 RECORDS_RESPONSES = _profile_status(
     {
-        **_ok(RecordsPage, "a page of the records the flow's agreement and its filters admit"),
+        **_ok(
+            RecordsPage | ChangesPage,
+            "a page of the records the flow's agreement and its filters admit, or a change session's answer",
+        ),
         **error_responses(
             "invalid_request",
             "invalid_cursor",
+            "resync_required",
             "grant_invalid",
             *_FILTERS,
             *_EXECUTION,
@@ -317,6 +346,22 @@ RECORDS_QUERY: list[dict[str, Any]] = [
         "schema": {"type": "string", "minLength": 1},
     },
     {
+        "name": "changes_since",
+        "in": "query",
+        "required": False,
+        "description": "a change session: `beginning`, then the previous answer's `next_changes_since`,"
+        " with the same filters (not with `cursor`); only on a dataset declaring `records.changes`",
+        "schema": {"type": "string", "minLength": 1},
+    },
+    {
+        "name": "wait",
+        "in": "query",
+        "required": False,
+        "description": "with `changes_since` only: seconds an answer that would be empty waits for a change"
+        " (at most 20, more is read as 20); every check is made again before a delivery",
+        "schema": {"type": "integer", "minimum": 0, "maximum": 999_999_999},
+    },
+    {
         "name": "filter",
         "in": "query",
         "required": False,
@@ -338,7 +383,14 @@ layers admit, as on `POST /dps/public/query`, further narrowed by the client fil
 (`filter[field][op]=value`, combined with AND) — only fields and operators of the flow's frozen
 set. A malformed query string is `400 invalid_request`; a cursor of another filter set, flow or
 dataset `400 invalid_cursor`; a malformed frozen set, or a filter that cannot be evaluated now,
-`403 grant_invalid`. The disclosure is recorded before the page leaves."""
+`403 grant_invalid`. The disclosure is recorded before the page leaves.
+
+With `changes_since` (`beginning`, then each answer's `next_changes_since`) it is a change
+session: the records that changed since the token's horizon, in the order their writing
+transactions ran, those still visible whole, those that stopped being visible (soft-deleted, out
+of the filter range) as tombstones. A token of another flow, dataset or filter set is
+`400 invalid_cursor`; one issued before ds's verdict, the row filters or the projection changed
+is `409 resync_required`: start again from `beginning`."""
 
 PROTECTED_RESOURCE_DESCRIPTION = """\
 RFC 9728 metadata of the pull path, advertising `capabilities.client_range_filters`."""

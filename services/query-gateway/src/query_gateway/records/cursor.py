@@ -5,13 +5,14 @@ flow, the dataset and the request's filter set — compared as an unordered set 
 
 from __future__ import annotations
 
-import base64
 import binascii
+import functools
 import hashlib
 import hmac
 import json
 
 from dataplane_service_kit.errors import ServiceError
+from query_gateway.records.changes_token import SessionCodec, b64, unb64
 from query_gateway.records.values import Bound
 
 _VERSION = 1
@@ -24,14 +25,6 @@ def filter_set_digest(bounds: tuple[Bound, ...]) -> str:
     return hashlib.sha256(json.dumps(triples, separators=(",", ":")).encode()).hexdigest()
 
 
-def _b64(raw: bytes) -> str:
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
 def _invalid() -> ServiceError:
     return ServiceError("invalid_cursor", "the cursor is not one this request can continue")
 
@@ -40,12 +33,17 @@ class CursorCodec:
     def __init__(self, secret: bytes) -> None:
         self._secret = secret
 
+    @functools.cached_property
+    def sessions(self) -> SessionCodec:
+        """The `changes_since` tokens' codec, under the same secret."""
+        return SessionCodec(self._secret)
+
     def _mac(self, payload: str) -> str:
-        return _b64(hmac.new(self._secret, payload.encode("ascii"), hashlib.sha256).digest())
+        return b64(hmac.new(self._secret, payload.encode("ascii"), hashlib.sha256).digest())
 
     def encode(self, flow_id: str, dataset_id: str, digest: str, key: list[str]) -> str:
         body = {"v": _VERSION, "f": flow_id, "d": dataset_id, "s": digest, "k": key}
-        payload = _b64(json.dumps(body, separators=(",", ":")).encode())
+        payload = b64(json.dumps(body, separators=(",", ":")).encode())
         return f"{payload}.{self._mac(payload)}"
 
     def decode(self, cursor: str, flow_id: str, dataset_id: str, digest: str, key_len: int) -> list[str]:
@@ -57,7 +55,7 @@ class CursorCodec:
         if not hmac.compare_digest(self._mac(payload), mac):
             raise _invalid()
         try:
-            body = json.loads(_unb64(payload))
+            body = json.loads(unb64(payload))
         except (ValueError, binascii.Error):
             raise _invalid() from None
         key = body.get("k") if isinstance(body, dict) else None

@@ -13,6 +13,9 @@ from dataplane_service_kit.errors import ServiceError
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1_000
+# a long poll's longest wait (more is read as this): within the chart's default grace period
+# (30 s, less its 5 s drain), since the server lets running requests finish before it stops
+MAX_WAIT_S = 20
 # `filter[<field>][<op>]`: neither part empty, no bracket inside either
 _EXACT = re.compile(r"filter\[([^\[\]]+)\]\[([^\[\]]+)\]")
 _LIMIT = re.compile(r"[0-9]{1,9}")
@@ -32,6 +35,9 @@ class RecordsQuery:
     filters: tuple[tuple[str, str, str], ...]  # (field, op, value) as sent, in order
     limit: int
     cursor: str | None
+    # a change session: "beginning" or a `next_changes_since` token (docs/records.md)
+    changes_since: str | None = None
+    wait: int = 0  # seconds a change session may wait for a change (the long poll); 0: none
 
 
 def _pairs(query_string: bytes) -> list[tuple[str, str]]:
@@ -59,6 +65,8 @@ def parse_records_query(query_string: bytes) -> RecordsQuery:
     seen: set[tuple[str, str]] = set()
     limit: int | None = None
     cursor: str | None = None
+    changes_since: str | None = None
+    wait: int | None = None
     for name, value in _pairs(query_string):
         if name.startswith("filter"):
             match = _EXACT.fullmatch(name)
@@ -77,9 +85,23 @@ def parse_records_query(query_string: bytes) -> RecordsQuery:
             if cursor is not None or not value:
                 raise RequestRefused("cursor must appear once, as it was returned")
             cursor = value
+        elif name == "changes_since":
+            if changes_since is not None or not value:
+                raise RequestRefused("changes_since must appear once, as `beginning` or as it was returned")
+            changes_since = value
+        elif name == "wait":
+            if wait is not None or not _LIMIT.fullmatch(value):
+                raise RequestRefused("wait must appear once, as a number of seconds")
+            wait = min(int(value), MAX_WAIT_S)
         else:
-            raise RequestRefused("the records route takes filter[field][op], limit and cursor only")
-    return RecordsQuery(tuple(filters), limit or DEFAULT_LIMIT, cursor)
+            raise RequestRefused(
+                "the records route takes filter[field][op], limit, cursor, changes_since and wait only"
+            )
+    if cursor is not None and changes_since is not None:
+        raise RequestRefused("a page cursor and changes_since do not combine: a session pages by its token")
+    if wait is not None and changes_since is None:
+        raise RequestRefused("wait is a change session's: it needs changes_since")
+    return RecordsQuery(tuple(filters), limit or DEFAULT_LIMIT, cursor, changes_since, wait or 0)
 
 
 def refuse_any_parameter(query_string: bytes) -> None:

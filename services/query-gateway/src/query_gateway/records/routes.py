@@ -22,9 +22,13 @@ from query_gateway.deps import (
     guarded,
 )
 from query_gateway.deps import context as access_context
+from query_gateway.records.changes import Pending
 from query_gateway.records.cursor import CursorCodec
+from query_gateway.records.long_poll import polled
+from query_gateway.records.read import Headers
 from query_gateway.records.request import RequestRefused
-from query_gateway.records.serve import Headers, records_page, stream_metadata
+from query_gateway.records.serve import records_page, stream_metadata
+from query_gateway.records.watch import ChangeWatchers
 from query_gateway.state import Gateway, gateway_of
 
 STREAM = "/dps/public/streams/{dataset}"
@@ -103,11 +107,19 @@ def records_router() -> APIRouter:
         edc_purpose: PurposeHeader = None,
     ) -> Response:
         codec: CursorCodec | None = request.app.state.cursor_codec
+        watchers: ChangeWatchers | None = request.app.state.change_watchers
         h = _headers(request, transfer=True)
         qs = request.scope.get("query_string", b"")
 
-        async def run(gw: Gateway, ctx: AccessContext) -> dict[str, object]:
-            return await records_page(gw, codec, h, dataset_id=dataset, query_string=qs, ctx=ctx)
+        async def run(_: Gateway, ctx: AccessContext) -> dict[str, object]:
+            async def read(final: bool) -> dict[str, object] | Pending:
+                # the gateway as it is at each read: after a catalogue reload, the new one
+                now = gateway_of(request.app.state)
+                return await records_page(
+                    now, codec, h, dataset_id=dataset, query_string=qs, ctx=ctx, final=final
+                )
+
+            return await polled(watchers, read)
 
         return await _answer(request, RECORDS, run)
 

@@ -6,26 +6,18 @@ disclosure durable before the page leaves."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from dataplane_service_kit.errors import ServiceError
 from query_gateway.access_log import AccessContext
 from query_gateway.deps import pull_grant, pull_request
 from query_gateway.pipeline import RecordsAsk, read_records
+from query_gateway.records.changes import Pending, changes_answer
 from query_gateway.records.cursor import CursorCodec, filter_set_digest
 from query_gateway.records.frozen import bounds_of, check_evaluable, frozen_of, metadata_of
+from query_gateway.records.read import Headers
 from query_gateway.records.request import parse_records_query, refuse_any_parameter
 from query_gateway.records.values import Bound
 from query_gateway.sql import KEY_PREFIX, Condition, key_output
 from query_gateway.state import Gateway
-
-
-@dataclass(frozen=True)
-class Headers:
-    authorization: str | None
-    agreement: str | None
-    transfer: str | None
-    purpose: str | None
 
 
 async def stream_metadata(
@@ -48,7 +40,10 @@ async def records_page(
     dataset_id: str,
     query_string: bytes,
     ctx: AccessContext,
-) -> dict[str, object]:
+    final: bool = True,
+) -> dict[str, object] | Pending:
+    """`final`: for a change session's long poll, whether this is its last read (else an empty
+    answer is Pending)."""
     grant = await pull_grant(gw, h.authorization, h.agreement, ctx, dataset_id)
     frozen = frozen_of(grant.grant_extensions, grant.dataset_id)  # before anything is served
     query = parse_records_query(query_string)
@@ -59,6 +54,19 @@ async def records_page(
     if frozen is not None:
         check_evaluable(bounds, frozen, entry, gw.columns)
     digest = filter_set_digest(bounds)
+    if query.changes_since is not None:  # a change session (docs/records.md, "Change sessions")
+        return await changes_answer(
+            gw,
+            codec.sessions,
+            grant,
+            h=h,
+            entry=entry,
+            bounds=bounds,
+            filters=digest,
+            query=query,
+            ctx=ctx,
+            final=final,
+        )
     key = entry.records.key
     after = codec.decode(query.cursor, grant.flow_id, dataset_id, digest, len(key)) if query.cursor else None
 

@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import asyncpg
 
-from dataplane_contracts.catalogue import Catalogue
-from query_gateway.sql import CatalogueMismatch, ColumnTypes
+from dataplane_contracts.catalogue import Catalogue, DatasetEntry
+from dataplane_contracts.records import ChangesSpec
+from query_gateway.sql import CHANGE_INDEX, CHANGE_TYPE, DELETED_TYPES, CatalogueMismatch, ColumnTypes
 
 # the column types a declared range-filter type is compared on exactly: numbers as PostgreSQL
 # numeric (a float column is refused: its values are binary fractions), dates as dates, and
@@ -91,3 +94,36 @@ async def check_records(pool: asyncpg.Pool, catalogue: Catalogue, columns: Colum
                     f"dataset {entry.id}: records.key {', '.join(records.key)} is not unique"
                     f" (no unique index of {entry.table} lies within it)"
                 )
+            if records.changes is not None:
+                indexed = bool(await conn.fetchval(CHANGE_INDEX, entry.table, records.changes.column))
+                _check_changes(entry, records.changes, table, not_null, indexed)
+
+
+def _check_changes(
+    entry: DatasetEntry, changes: ChangesSpec, table: Mapping[str, str], not_null: set[str], indexed: bool
+) -> None:
+    """The change column: an xid8 (the writing transaction's id, from the operator's trigger),
+    NOT NULL, the first column of a plain btree index; the soft-delete column a boolean or a
+    timestamp. docs/records.md, "Change sessions", gives the trigger and the index."""
+    where = f"dataset {entry.id}: records.changes"
+    column = changes.column
+    pg_type = table.get(column)
+    if pg_type is None:
+        raise CatalogueMismatch(f"{where} column {column} is not a column of {entry.table}")
+    if pg_type != CHANGE_TYPE:
+        raise CatalogueMismatch(
+            f"{where} column {column} has type {pg_type}; it must be xid8, set by a trigger"
+            " to pg_current_xact_id()"
+        )
+    if column not in not_null:
+        raise CatalogueMismatch(f"{where} column {column} may be NULL")
+    if not indexed:
+        raise CatalogueMismatch(
+            f"{where} column {column} has no index that serves it (a btree index of {entry.table}"
+            f" whose first column is {column}, without predicate)"
+        )
+    deleted = changes.deleted
+    if deleted is not None and table.get(deleted) not in DELETED_TYPES:
+        raise CatalogueMismatch(
+            f"{where} deleted {deleted} is not a boolean or timestamp column of {entry.table}"
+        )

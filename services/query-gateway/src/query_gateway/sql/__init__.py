@@ -1,8 +1,23 @@
-"""Governed SQL: validation (docs/gateway.md, "SQL rules"), narrowing (docs/row-filters.md), verification
-and read-only execution (QE-04, docs/gateway.md, "Limits and execution"), and a records page's
-statement (docs/records.md). Every statement the gateway sends is built in this package; code
-outside it imports from here, never from its modules (the import check, tests/test_import_boundaries.py)."""
+"""Governed SQL: validation (docs/gateway.md, "SQL rules"), narrowing (docs/row-filters.md),
+verification and read-only execution (QE-04, docs/gateway.md, "Limits and execution"), a records
+page's statement and a change session's (docs/records.md). Every statement the gateway sends is
+built in this package; code outside it imports from here, never from its modules (the import
+check, tests/test_import_boundaries.py)."""
 
+from query_gateway.sql.changes import (
+    CHANGE,
+    CHANGE_INDEX,
+    CHANGE_TYPE,
+    DELETED_TYPES,
+    HORIZON,
+    VISIBLE,
+    ChangeOrder,
+    Position,
+    RangeCondition,
+    changes_statement,
+    watch_statement,
+)
+from query_gateway.sql.changes import KEY_PREFIX as CHANGE_KEY_PREFIX
 from query_gateway.sql.columns import load_column_types
 from query_gateway.sql.execute import QueryExecutor, check_text, datasets_pool, rolled_back_only
 from query_gateway.sql.exposure import MaskKey, dataset_columns, hash_masks
@@ -25,20 +40,31 @@ from query_gateway.sql.shape import shape_of, sql_shape
 from query_gateway.sql.validate import validate_query
 
 __all__ = [
+    "CHANGE",
+    "CHANGE_INDEX",
+    "CHANGE_KEY_PREFIX",
+    "CHANGE_TYPE",
     "DEFAULT_LIMIT",
+    "DELETED_TYPES",
+    "HORIZON",
     "KEY_PREFIX",
     "MAX_LIMIT",
+    "VISIBLE",
     "CatalogueMismatch",
+    "ChangeOrder",
     "ColumnTypes",
     "Condition",
     "GrowthRefused",
     "LeakproofOperators",
     "MaskKey",
     "NarrowedQuery",
+    "Position",
     "QueryExecutor",
     "QueryPage",
+    "RangeCondition",
     "RecordsPage",
     "ValidatedQuery",
+    "changes_statement",
     "check_growth",
     "check_narrowed",
     "check_original",
@@ -57,4 +83,5 @@ __all__ = [
     "shape_of",
     "sql_shape",
     "validate_query",
+    "watch_statement",
 ]

@@ -10,15 +10,15 @@ from sqlglot import exp
 DIALECT = "postgres"
 
 
+def quoted(name: str) -> str:
+    """A column or dataset name as a quoted PostgreSQL identifier."""
+    return str(exp.to_identifier(name, quoted=True).sql(dialect=DIALECT))
+
+
 def fold(ident: exp.Identifier) -> str:
     """PostgreSQL's name rule: an unquoted identifier is case-folded, a quoted one is kept."""
     name: str = ident.this
     return name if ident.quoted else name.lower()
-
-
-def quoted(name: str) -> str:
-    """A name as PostgreSQL reads it back exactly: always quoted, whatever its case or spelling."""
-    return str(exp.to_identifier(name, quoted=True).sql(dialect=DIALECT))
 
 
 def table_parts(table: exp.Table) -> list[exp.Identifier]:
