@@ -77,8 +77,12 @@ def _forged(read: ChangesRead, sql: str) -> ChangesRead:
 @pytest.mark.parametrize("conditions", [(), (AT_LEAST_3,)], ids=["unfiltered", "filtered"])
 @pytest.mark.parametrize(
     "order",
-    [ORDER, dataclasses.replace(ORDER, deleted=None, deleted_type=None)],
-    ids=["soft-delete", "no-soft-delete"],
+    [
+        ORDER,
+        dataclasses.replace(ORDER, deleted="deleted_at", deleted_type="timestamp with time zone"),
+        dataclasses.replace(ORDER, deleted=None, deleted_type=None),
+    ],
+    ids=["soft-delete", "soft-delete-timestamp", "no-soft-delete"],
 )
 def test_issue31_a_change_session_statement_is_built_in_sql_with_bound_values_and_verified(
     position: Position, conditions: tuple[RangeCondition, ...], order: ChangeOrder

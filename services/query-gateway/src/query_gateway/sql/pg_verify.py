@@ -14,8 +14,13 @@ checked is not what runs. So the statement is read a second time by PostgreSQL's
   one the rewrite built for a touched dataset (its real table as PostgreSQL reads the catalogue's
   `table`), or a CTE visible at that point; every function call must be allowlisted by the name
   PostgreSQL resolves; every other node must be of a kind listed here. Anything else fails closed.
+- `check_records_page`, `check_changes_statement`: a statement the gateway builds over a
+  narrowed one (a records page, a change session's answer) must hold it whole, with around it
+  exactly the wrapping its builder makes of a constant, and that wrapping only what the narrowed
+  statement's rules allow (a change session's horizon and its join to the dataset's table aside,
+  each checked exactly).
 
-Both work on libpg_query's JSON tree (plain dicts), so no untyped API is needed. A refusal's
+All work on libpg_query's JSON tree (plain dicts), so no untyped API is needed. A refusal's
 detail is a fixed reason: never the statement, a literal or a parser message."""
 
 from __future__ import annotations
