@@ -14,15 +14,20 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
+import redis.asyncio as aioredis
 import yaml
 
 from dataplane_contracts.topics import AUDIT_DISCLOSURES
 from dataplane_local.doubles.ds_connector import DsConnectorDouble
-from dataplane_testing.gateway import World, running_gateway
+from dataplane_service_kit.errors import ServiceError
+from dataplane_testing.gateway import CACHE_SECRET, CONSUMER, World, running_gateway
 from dataplane_testing.records import CURSOR_SECRET, RecordsWorld, consent_policy, records_world
 from dataplane_testing.topics import TopicTail
 from query_gateway.app import StartupRefused
+from query_gateway.clients.concurrency import KEEP_S, SharedShare
+from query_gateway.pipeline import consumer_key
 from query_gateway.records.watch import ChangeWatchers
+from query_gateway.settings import Settings
 
 CATALOGUE = Path(__file__).parent / "records_changes_catalogue.yaml"
 # the change column and the trigger docs/records.md asks of an operator: the writing
@@ -446,3 +451,38 @@ async def test_issue32_a_composite_key_orders_the_session_and_names_its_tombston
     assert keys == [["north", 2], ["north", 10], ["south", 1]]
     await db.execute("UPDATE pairs SET gone = true WHERE region = 'north' AND seq = 10")
     assert (await answer(since))["items"] == [{"key": ["north", 10], "tombstone": True}]
+
+
+async def test_issue31_qe10_a_change_session_runs_within_the_consumers_share(
+    live: RecordsWorld, consented: DsConnectorDouble, world: World, db: asyncpg.Connection
+) -> None:
+    """The session's statement is the consumer's like any other (QE-10): with the consumer's whole
+    total across the replicas taken (as leases in the same Redis, by statements elsewhere), an
+    answer is refused 429 before it asks for a connection; once they are given back, it is served."""
+    _, token = await live.start(dataset="events")
+    total = Settings.model_fields["query_max_concurrent_per_consumer_total"].default
+    redis = aioredis.from_url(world.redis_url)
+    share = SharedShare(redis, CACHE_SECRET.encode(), total, lease_s=30, keep_s=0)
+    who = consumer_key("did", CONSUMER)
+    leases: list[str | None] = []
+    try:
+        # the replicas keep a finished statement's lease a moment (KEEP_S) before giving it back
+        for _ in range(200):
+            try:
+                leases.append(await share.take(who))
+            except ServiceError:
+                await asyncio.sleep(KEEP_S)
+            if len(leases) == total:
+                break
+        assert len(leases) == total and None not in leases
+        r = await changes(live, token, "beginning", IN_RANGE)
+        refused(r, 429, "too_many_concurrent_queries")
+        assert r.headers.get("Retry-After")
+    finally:
+        for lease in leases:
+            if lease is not None:
+                await share.give_back(who, lease)
+        await redis.aclose()
+    served = await changes(live, token, "beginning", IN_RANGE)
+    assert served.status_code == 200, served.text
+    assert {int(item["id"]) for item in served.json()["items"]} == set(await truth(db, ["s1", "s2"]))

@@ -39,13 +39,18 @@ from query_gateway.rules.verdicts import (
 )
 from query_gateway.sql import (
     DEFAULT_LIMIT,
+    ChangeOrder,
     ColumnTypes,
     Condition,
     GrowthRefused,
     LeakproofOperators,
     NarrowedQuery,
+    Position,
     QueryPage,
+    RangeCondition,
     ValidatedQuery,
+    changes_statement,
+    check_changes_statement,
     check_growth,
     check_narrowed,
     check_original,
@@ -450,22 +455,56 @@ class RecordsAsk:
     limit: int
 
 
-async def read_records(
-    gw: Gateway, dataset_id: str, ask: RecordsAsk, req: DataspaceRequest, ctx: AccessContext
-) -> tuple[QueryPage, Granted]:
-    """A records page read as `/dps/public/query` reads a statement: the flow's dataset whole,
-    validated, judged and narrowed (fenced wherever the page adds conditions: they are not the
-    leakproof judgement's to pass), then the page's statement built in `sql/` over the narrowed
-    one and verified (QE-12), and run within the consumer's share (QE-10). One row more than
-    the page is asked for: it says whether another page follows. The caller discloses."""
+async def read_dataset(
+    gw: Gateway, dataset_id: str, req: DataspaceRequest, ctx: AccessContext, *, fenced: bool
+) -> Granted:
+    """The flow's dataset whole, read as `/dps/public/query` reads a statement: validated, judged
+    and narrowed (`fenced`: wherever the records path adds conditions above it, since they are
+    not the leakproof judgement's to pass)."""
     whole = f"SELECT * FROM {quoted(dataset_id)}"  # noqa: S608 - a quoted identifier
     q = await validate(gw, whole, ctx)
-    fenced = bool(ask.conditions) or ask.after is not None
-    granted = await narrow_for_dataspace(gw, q, req, ctx, fenced=fenced)
-    page = records_statement(granted.narrowed, ask.conditions, ask.key, ask.after)
-    check_records_page(page)
+    return await narrow_for_dataspace(gw, q, req, ctx, fenced=fenced)
+
+
+async def _run_records(gw: Gateway, statement: NarrowedQuery, req: DataspaceRequest, rows: int) -> QueryPage:
+    """A verified records statement run within the consumer's share (QE-10), `rows` at most."""
     if _debug():
         log.debug("narrowed_statement_withheld", reason="dataspace request")  # RF-08, as _run_page
     async with gw.slots.hold(consumer_key("did", req.consumer)):
-        rows = await gw.executor.run(page.statement, offset=0, limit=ask.limit + 1, skip_count=True)
-    return rows, granted
+        return await gw.executor.run(statement, offset=0, limit=rows, skip_count=True)
+
+
+async def read_records(
+    gw: Gateway, dataset_id: str, ask: RecordsAsk, req: DataspaceRequest, ctx: AccessContext
+) -> tuple[QueryPage, Granted]:
+    """A records page over the flow's dataset read whole (`read_dataset`), the page's statement
+    built in `sql/` over the narrowed one and verified (QE-12), and run within the consumer's
+    share (QE-10). One row more than the page is asked for: it says whether another page
+    follows. The caller discloses."""
+    fenced = bool(ask.conditions) or ask.after is not None
+    granted = await read_dataset(gw, dataset_id, req, ctx, fenced=fenced)
+    page = records_statement(granted.narrowed, ask.conditions, ask.key, ask.after)
+    check_records_page(page)
+    return await _run_records(gw, page.statement, req, ask.limit + 1), granted
+
+
+@dataclass(frozen=True)
+class ChangesAsk:
+    """What one change session answer reads (docs/records.md, "Change sessions"): the dataset's
+    change order, the client filters, where the session stands, and how many rows at most."""
+
+    order: ChangeOrder
+    conditions: tuple[RangeCondition, ...]
+    position: Position
+    rows: int
+
+
+async def read_changes(gw: Gateway, granted: Granted, ask: ChangesAsk, req: DataspaceRequest) -> QueryPage:
+    """A change session's rows over the flow's dataset read whole (`read_dataset`, always
+    fenced: the join and the conditions sit above it): the session's statement built in `sql/`
+    over the narrowed one and verified (QE-12), and run within the consumer's share (QE-10).
+    Apart from the read, so that the caller can judge its token against the narrowed statement
+    first (a resync is answered before anything runs)."""
+    read = changes_statement(granted.narrowed, ask.order, ask.conditions, ask.position, ask.rows)
+    check_changes_statement(read)
+    return await _run_records(gw, read.statement, req, ask.rows)

@@ -18,6 +18,7 @@ from dataplane_contracts.catalogue import DatasetEntry
 from dataplane_service_kit.errors import ServiceError
 from query_gateway.access_log import AccessContext
 from query_gateway.clients.pull import VerifiedPull
+from query_gateway.pipeline import ChangesAsk, read_changes
 from query_gateway.records.changes_token import BEGINNING, Session, SessionCodec
 from query_gateway.records.read import Headers, dataspace_read
 from query_gateway.records.request import RecordsQuery
@@ -29,7 +30,6 @@ from query_gateway.sql import (
     ChangeOrder,
     Position,
     RangeCondition,
-    changes_statement,
 )
 from query_gateway.sql import CHANGE_KEY_PREFIX as KEY_PREFIX
 from query_gateway.state import Gateway
@@ -104,8 +104,8 @@ async def changes_answer(
     has_more = False
     if not narrowed.denied:  # a deny reads nothing: the position stays where it was
         conditions = tuple(RangeCondition(b.field, b.sql_op, b.text, b.sql_type) for b in bounds)
-        statement = changes_statement(narrowed, order, conditions, position, limit + 1)
-        page = await gw.executor.run(statement, offset=0, limit=limit + 1, skip_count=True)
+        # built, verified (QE-12) and run within the consumer's share (QE-10) in the pipeline
+        page = await read_changes(gw, granted, ChangesAsk(order, conditions, position, limit + 1), req)
         changed = [row for row in page.items if row[CHANGE] is not None]
         has_more = len(changed) > limit
         changed = changed[:limit]

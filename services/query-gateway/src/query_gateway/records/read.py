@@ -9,9 +9,8 @@ from dataclasses import dataclass
 from query_gateway.access_log import AccessContext
 from query_gateway.clients.pull import VerifiedPull
 from query_gateway.deps import pull_request
-from query_gateway.pipeline import Granted, narrow_for_dataspace, validate
+from query_gateway.pipeline import Granted, read_dataset
 from query_gateway.rules.verdicts import DataspaceRequest
-from query_gateway.sql import quoted
 from query_gateway.state import Gateway
 
 
@@ -27,8 +26,6 @@ async def dataspace_read(
     gw: Gateway, grant: VerifiedPull, h: Headers, ctx: AccessContext
 ) -> tuple[DataspaceRequest, Granted]:
     req = pull_request(gw, grant, h.transfer, h.purpose)
-    whole = f"SELECT * FROM {quoted(grant.dataset_id)}"  # noqa: S608 - a quoted identifier
-    q = await validate(gw, whole, ctx)
     # fenced: a change session's conditions and join sit above the narrowed statement, as a
     # records page's do (docs/gateway.md QE-12)
-    return req, await narrow_for_dataspace(gw, q, req, ctx, fenced=True)
+    return req, await read_dataset(gw, grant.dataset_id, req, ctx, fenced=True)

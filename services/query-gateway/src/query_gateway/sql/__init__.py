@@ -12,6 +12,7 @@ from query_gateway.sql.changes import (
     HORIZON,
     VISIBLE,
     ChangeOrder,
+    ChangesRead,
     Position,
     RangeCondition,
     changes_statement,
@@ -32,7 +33,12 @@ from query_gateway.sql.model import (
     QueryPage,
     ValidatedQuery,
 )
-from query_gateway.sql.pg_verify import check_narrowed, check_original, check_records_page
+from query_gateway.sql.pg_verify import (
+    check_changes_statement,
+    check_narrowed,
+    check_original,
+    check_records_page,
+)
 from query_gateway.sql.records_page import KEY_PREFIX, Condition, RecordsPage, key_output, records_statement
 from query_gateway.sql.rewrite import narrow_query
 from query_gateway.sql.scope import quoted
@@ -52,6 +58,7 @@ __all__ = [
     "VISIBLE",
     "CatalogueMismatch",
     "ChangeOrder",
+    "ChangesRead",
     "ColumnTypes",
     "Condition",
     "GrowthRefused",
@@ -65,6 +72,7 @@ __all__ = [
     "RecordsPage",
     "ValidatedQuery",
     "changes_statement",
+    "check_changes_statement",
     "check_growth",
     "check_narrowed",
     "check_original",

@@ -21,6 +21,11 @@ HORIZON = "_dp_horizon"
 CHANGE = "_dp_change"
 VISIBLE = "_dp_visible"
 KEY_PREFIX = "_dp_ckey"
+# the statement's CTEs: the horizon, and the changed rows
+HORIZON_CTE = "_dp_h"
+ROWS_CTE = "_dp_c"
+# the one read of the database's state beside the rows (pg_verify.py proves it is this, whole)
+HORIZON_QUERY = "SELECT pg_snapshot_xmin(pg_current_snapshot()) AS x"
 
 # an index that serves the change order: a plain btree whose first column is the change column
 CHANGE_INDEX = """
@@ -69,6 +74,24 @@ class Position:
     floor: str | None
 
 
+@dataclass(frozen=True)
+class ChangesRead:
+    """The statement the executor runs for one session answer, and what it was built from: the
+    verifier (pg_verify.py, `check_changes_statement`) builds the same wrapping around a constant
+    and compares."""
+
+    narrowed: NarrowedQuery  # the verified narrowed statement of the flow's dataset
+    statement: NarrowedQuery
+    order: ChangeOrder
+    conditions: tuple[RangeCondition, ...]
+    position: Position
+
+
+def key_join(key: tuple[str, ...]) -> str:
+    """The join of the narrowed rows `r` to the dataset's table `t` on the record key."""
+    return " AND ".join(f"t.{_ident(k)} = r.{_ident(k)}" for k in key)
+
+
 def _deleted(order: ChangeOrder) -> str:
     if order.deleted is None:
         return "FALSE"
@@ -82,7 +105,7 @@ def changes_statement(
     conditions: tuple[RangeCondition, ...],
     position: Position,
     limit: int,
-) -> NarrowedQuery:
+) -> ChangesRead:
     """At most `limit` rows of the narrowed statement after `position` and below the horizon,
     in (change, key) order. The change and soft-delete columns are read from the table joined on
     the record key (unique, checked at start-up) — only for rows the narrowed statement yields,
@@ -112,24 +135,26 @@ def changes_statement(
         after = (
             f"({change} > {since}::text::xid8 OR ({change} = {since}::text::xid8 AND ({keys}) > ({values})))"
         )
-    join = " AND ".join(f"t.{_ident(k)} = r.{_ident(k)}" for k in order.key)
+    join = key_join(order.key)
     key_text = ", ".join(f"r.{_ident(k)}::text AS {KEY_PREFIX}{i}" for i, k in enumerate(order.key))
     in_order = ", ".join([change, *(f"t.{_ident(k)}" for k in order.key)])
-    where = f"{after} AND {change} < (SELECT x FROM _dp_h)"  # noqa: S608 - quoted identifiers
-    floor = "(SELECT x FROM _dp_h)" if position.floor is None else f"{bind(position.floor)}::text::xid8"
+    horizon_value = f"(SELECT x FROM {HORIZON_CTE})"  # noqa: S608 - the statement's own CTE
+    where = f"{after} AND {change} < {horizon_value}"
+    floor = horizon_value if position.floor is None else f"{bind(position.floor)}::text::xid8"
     where += f" AND ({visible_sql} OR {change} >= {floor})"
     # the CTEs' names carry the reserved prefix: the narrowed statement inside cannot mean them
-    horizon = "WITH _dp_h AS MATERIALIZED (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS x), "
+    horizon = f"WITH {HORIZON_CTE} AS MATERIALIZED ({HORIZON_QUERY}), "
     outputs = f"{change}::text::numeric AS {CHANGE}, {visible_sql} AS {VISIBLE}, {key_text}"
     sql = (
-        f"{horizon}_dp_c AS (SELECT r.*, {outputs}"  # noqa: S608 - quoted identifiers, bound values
+        f"{horizon}{ROWS_CTE} AS (SELECT r.*, {outputs}"  # noqa: S608 - quoted identifiers, bound values
         f" FROM ({narrowed.sql}) AS r JOIN {order.table} AS t ON {join}"
         f" WHERE {where} ORDER BY {in_order} LIMIT {bind(limit)})"
         # the horizon comes back even when no row changed: one row with no change then
-        f" SELECT _dp_h.x::text AS {HORIZON}, _dp_c.* FROM _dp_h LEFT JOIN _dp_c ON TRUE"
+        f" SELECT {HORIZON_CTE}.x::text AS {HORIZON}, {ROWS_CTE}.*"
+        f" FROM {HORIZON_CTE} LEFT JOIN {ROWS_CTE} ON TRUE"
     )
     key_order = ", ".join(f"q.{_ident(k)} ASC" for k in order.key)
-    return NarrowedQuery(
+    statement = NarrowedQuery(
         sql=sql,
         params=tuple(params),
         param_labels=(*narrowed.param_labels, *(f"filter {c.field}" for c in conditions), "position"),
@@ -138,6 +163,7 @@ def changes_statement(
         # column, so the narrowed output carries it as the table holds it)
         order_by=f" ORDER BY q.{CHANGE} ASC NULLS LAST, {key_order}",
     )
+    return ChangesRead(narrowed, statement, order, conditions, position)
 
 
 def watch_statement(table: str, column: str) -> str:

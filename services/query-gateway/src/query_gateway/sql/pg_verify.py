@@ -14,12 +14,18 @@ checked is not what runs. So the statement is read a second time by PostgreSQL's
   one the rewrite built for a touched dataset (its real table as PostgreSQL reads the catalogue's
   `table`), or a CTE visible at that point; every function call must be allowlisted by the name
   PostgreSQL resolves; every other node must be of a kind listed here. Anything else fails closed.
+- `check_records_page`, `check_changes_statement`: a statement the gateway builds over a
+  narrowed one (a records page, a change session's answer) must hold it whole, with around it
+  exactly the wrapping its builder makes of a constant, and that wrapping only what the narrowed
+  statement's rules allow (a change session's horizon and its join to the dataset's table aside,
+  each checked exactly).
 
-Both work on libpg_query's JSON tree (plain dicts), so no untyped API is needed. A refusal's
+All work on libpg_query's JSON tree (plain dicts), so no untyped API is needed. A refusal's
 detail is a fixed reason: never the statement, a literal or a parser message."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, Final, TypeVar
@@ -31,6 +37,18 @@ from sqlglot import exp
 from dataplane_service_kit.bounded_cache import BoundedCache
 from dataplane_service_kit.errors import ServiceError
 from query_gateway.sql import rules
+from query_gateway.sql.changes import (
+    CHANGE,
+    HORIZON,
+    HORIZON_CTE,
+    HORIZON_QUERY,
+    ROWS_CTE,
+    VISIBLE,
+    ChangesRead,
+    changes_statement,
+    key_join,
+)
+from query_gateway.sql.changes import KEY_PREFIX as CHANGE_KEY_PREFIX
 from query_gateway.sql.leakproof import LeakproofOperators, quals_leakproof
 from query_gateway.sql.model import NarrowedQuery, ValidatedQuery
 from query_gateway.sql.pagination import ascending, page_and_count
@@ -202,8 +220,9 @@ class _Walk:
     canonical form (the narrowed statement); None: the caller's statement, whose relation reads
     are collected instead."""
 
-    def __init__(self, fences: frozenset[bytes] | None) -> None:
+    def __init__(self, fences: frozenset[bytes] | None, types: frozenset[str] = _TYPES) -> None:
         self.fences = fences
+        self.types = types  # the types a cast may name
         self.unfenced = False  # a narrowing with a filtering predicate and no barrier was read
         self.relations: list[tuple[str, ...]] = []
         self.functions: list[str] = []
@@ -255,7 +274,7 @@ class _Walk:
                 if how == _A:
                     _reserved(value.get("aliasname"))
                 elif how == _T:
-                    _check_type(value)
+                    _check_type(value, self.types)
                 elif how == _C and value.get("recursive"):
                     raise _Refused("a recursive CTE")
 
@@ -366,11 +385,11 @@ def _scalar(value: object, *, nested: bool) -> None:
         raise _Refused("a malformed value")
 
 
-def _check_type(type_name: Mapping[str, Any]) -> None:
+def _check_type(type_name: Mapping[str, Any], types: frozenset[str]) -> None:
     names = _names(type_name.get("names"))
     if names[:1] == ["pg_catalog"] and len(names) == 2:
         names = names[1:]
-    if len(names) != 1 or names[0] not in _TYPES:
+    if len(names) != 1 or names[0] not in types:
         raise _Refused("a cast to a type not allowed")
 
 
@@ -575,12 +594,18 @@ def _verify_pages(narrowed: NarrowedQuery) -> None:
             raise _Refused("a page statement is not the executor's wrapping of the verified one")
 
 
-def _hollow(text: str, inner: bytes | None) -> bytes:
-    """A page statement's canonical form with its subquery taken out, after checking that the
-    subquery is `inner` (None: not checked)."""
+def _only_source(select: Node) -> object:
+    """The one relation a SELECT reads from."""
+    source = select.get("SelectStmt", {}).get("fromClause") or []
+    return source[0] if len(source) == 1 and isinstance(source[0], dict) else None
+
+
+def _hollow(text: str, inner: bytes | None, source: Callable[[Node], object] = _only_source) -> bytes:
+    """A page statement's canonical form with its subquery (where `source` finds it) taken out,
+    after checking that the subquery is `inner` (None: not checked)."""
     select = _only_select(text)
-    source = select["SelectStmt"].get("fromClause") or []
-    sub = source[0].get("RangeSubselect") if len(source) == 1 and isinstance(source[0], dict) else None
+    found = source(select)
+    sub = found.get("RangeSubselect") if isinstance(found, dict) and len(found) == 1 else None
     if not isinstance(sub, dict) or (inner is not None and canonical(sub.get("subquery")) != inner):
         raise _Refused("a page statement is not the executor's wrapping of the verified one")
     sub["subquery"] = None
@@ -588,9 +613,15 @@ def _hollow(text: str, inner: bytes | None) -> bytes:
 
 
 # ---------------------------------------------------------------------- a records page
-_RecordsKey = tuple[
-    str, str, bool, int, _NarrowedKey, tuple[tuple[str, str, str], ...], tuple[tuple[str, str], ...], bool
-]
+# what a statement built over a narrowed one is cached by, beside its own shape
+_SentKey = tuple[str, str, bool, int, _NarrowedKey]
+
+
+def _sent_key(narrowed: NarrowedQuery, sent: NarrowedQuery) -> _SentKey:
+    return (sent.sql, sent.order_by, sent.denied, len(sent.params), _narrowed_key(narrowed))
+
+
+_RecordsKey = tuple[_SentKey, tuple[tuple[str, str, str], ...], tuple[tuple[str, str], ...], bool]
 _records_cache: BoundedCache[_RecordsKey, tuple[str]] = BoundedCache(1024)
 _RECORDS = "the records page statement failed PostgreSQL's verification"
 
@@ -607,11 +638,7 @@ def check_records_page(page: RecordsPage) -> None:
     narrowed, sent = page.narrowed, page.statement
     check_narrowed(narrowed)
     key = (
-        sent.sql,
-        sent.order_by,
-        sent.denied,
-        len(sent.params),
-        _narrowed_key(narrowed),
+        _sent_key(narrowed, sent),
         tuple((c.column, c.op, c.pg_type) for c in page.conditions),
         page.key,
         page.after,
@@ -666,6 +693,144 @@ def _params_as_null(node: object) -> object:
         return {k: _params_as_null(v) for k, v in node.items()}
     if isinstance(node, list):
         return [_params_as_null(v) for v in node]
+    return node
+
+
+# ---------------------------------------------------------------------- a change session's answer
+_ChangesKey = tuple[_SentKey, Hashable, tuple[tuple[str, str, str], ...], int | None, bool]
+_changes_cache: BoundedCache[_ChangesKey, tuple[str]] = BoundedCache(1024)
+_CHANGES = "the change session statement failed PostgreSQL's verification"
+# a cast of the wrapping may name xid8 as well: the change column's type, never a caller's
+_CHANGE_TYPES: Final = _TYPES | {"xid8"}
+TABLE_ALIAS = "t"  # the dataset's table, as the change statement's join names it
+
+
+def check_changes_statement(read: ChangesRead) -> None:
+    """Refuses `400 sql_refused` a change session's statement (sql/changes.py) unless its narrowed
+    statement passes `check_narrowed`, and the statement the executor runs is, as PostgreSQL reads
+    it, that narrowed statement whole inside its rows CTE with around it exactly the change
+    session's wrapping of a constant: the horizon CTE calling `pg_snapshot_xmin
+    (pg_current_snapshot())` and nothing else, the join to exactly the dataset's own table on the
+    record key, and otherwise only the node kinds, casts (xid8 besides), operators and functions
+    allowed in a narrowed statement, its bound values and reserved `_dp_` names aside; no
+    narrowing under it goes without its barrier (its conditions are not judged leakproof); and
+    the page queries the executor sends wrap it as they wrap any statement. Cached by the texts
+    and the shape of the conditions and position, never their values."""
+    narrowed, sent, position = read.narrowed, read.statement, read.position
+    check_narrowed(narrowed)
+    key = (
+        _sent_key(narrowed, sent),
+        read.order,
+        tuple((c.field, c.sql_op, c.sql_type) for c in read.conditions),
+        None if position.key is None else len(position.key),
+        position.floor is None,
+    )
+    _once(_changes_cache, key, _CHANGES, _verify_changes, read)
+
+
+def _verify_changes(read: ChangesRead) -> None:
+    narrowed, sent = read.narrowed, read.statement
+    try:  # the same wrapping around a constant: the values bound are never in the text
+        model = changes_statement(
+            dataclasses.replace(narrowed, sql="SELECT 1"), read.order, read.conditions, read.position, 1
+        ).statement
+    except ValueError:  # a position's key of another length than the record key's
+        raise _Refused("a change session does not match its narrowed statement") from None
+    if (
+        len(sent.params) != len(model.params)
+        or sent.denied != narrowed.denied
+        or sent.order_by != model.order_by
+    ):
+        raise _Refused("a change session does not match its narrowed statement")
+    inner = canonical(_only_select(narrowed.sql))
+    if _hollow(sent.sql, inner, _rows_source) != _hollow(model.sql, None, _rows_source):
+        raise _Refused("a change session is not the change wrapping of the verified statement")
+    tables = {table for table, _ in narrowed.fences}
+    if len(tables) != 1:
+        raise _Refused("a change session reads one dataset")
+    (table,) = tables
+    wrapping = _change_wrapping_only(_only_select(model.sql), table, read.order.key)
+    _Walk(frozenset(), _CHANGE_TYPES).node(wrapping, frozenset())
+    if _verify(narrowed.sql, narrowed.fences, narrowed.fence_types, narrowed.leakproof):
+        raise _Refused("a narrowing without its barrier under a change session")
+    _verify_pages(sent)
+
+
+def _rows_join(select: Node) -> Node:
+    """The join of the narrowed rows to the dataset's table, in the change statement's rows CTE."""
+    ctes = (select.get("SelectStmt", {}).get("withClause") or {}).get("ctes") or []
+    body = ctes[1].get("CommonTableExpr") if len(ctes) == 2 and isinstance(ctes[1], dict) else None
+    if not isinstance(body, dict) or body.get("ctename") != ROWS_CTE:
+        raise _Refused("a change session is not the change wrapping of the verified statement")
+    found = _only_source(body.get("ctequery") or {})
+    join = found.get("JoinExpr") if isinstance(found, dict) and len(found) == 1 else None
+    if not isinstance(join, dict):
+        raise _Refused("a change session is not the change wrapping of the verified statement")
+    return join
+
+
+def _rows_source(select: Node) -> object:
+    return _rows_join(select).get("larg")
+
+
+def _change_wrapping_only(stmt: Node, table: str, key: tuple[str, ...]) -> Node:
+    """The change wrapping (around a constant) as the narrowed statement's rules read it, after
+    checking what those rules would refuse: the horizon CTE exactly `HORIZON_QUERY` (then a NULL),
+    the join's relation exactly the dataset's table (then a constant) on exactly the record key;
+    the reserved names of the wrapping without their prefix, each bound value a NULL."""
+    ctes = stmt["SelectStmt"]["withClause"]["ctes"]
+    horizon = ctes[0].get("CommonTableExpr") if isinstance(ctes[0], dict) else None
+    if (
+        not isinstance(horizon, dict)
+        or horizon.get("ctename") != HORIZON_CTE
+        or canonical(horizon.get("ctequery")) != canonical(_only_select(HORIZON_QUERY))
+    ):
+        raise _Refused("a change session's horizon is not the snapshot's")
+    horizon["ctequery"] = _only_select("SELECT NULL AS x")
+    join = _rows_join(stmt)
+    rarg = join.get("rarg")
+    rv = rarg.get("RangeVar") if isinstance(rarg, dict) and len(rarg) == 1 else None
+    if (
+        not isinstance(rv, dict)
+        or rv.get("catalogname")
+        or rv.get("inh") is not True
+        or rv.get("relpersistence", "p") != "p"
+        or tuple(p for p in (rv.get("schemaname"), rv.get("relname")) if p) != relation_of(table)
+        or rv.get("alias") != {"aliasname": TABLE_ALIAS}
+    ):
+        raise _Refused("a change session joins a relation other than its dataset's table")
+    on_key = _only_select(f"SELECT 1 WHERE {key_join(key)}")["SelectStmt"].get("whereClause")
+    if canonical(join.get("quals")) != canonical(on_key):
+        raise _Refused("a change session's join is not on the record key")
+    join["rarg"] = {"RangeSubselect": {"subquery": _only_select("SELECT 1"), "alias": rv["alias"]}}
+    names = {
+        HORIZON_CTE,
+        ROWS_CTE,
+        HORIZON,
+        CHANGE,
+        VISIBLE,
+        *(f"{CHANGE_KEY_PREFIX}{i}" for i in range(len(key))),
+    }
+    out = _params_as_null(_unreserved(stmt, frozenset(names)))
+    assert isinstance(out, dict)
+    return out
+
+
+_NAME_FIELDS: Final = frozenset({"sval", "name", "ctename", "relname"})
+
+
+def _unreserved(node: object, names: frozenset[str]) -> object:
+    """`node` with each of the wrapping's own reserved `names` without its prefix: any other
+    reserved name stays, and the walk refuses it."""
+    if isinstance(node, dict):
+        return {
+            k: v.removeprefix(rules.RESERVED_PREFIX)
+            if k in _NAME_FIELDS and isinstance(v, str) and v in names
+            else _unreserved(v, names)
+            for k, v in node.items()
+        }
+    if isinstance(node, list):
+        return [_unreserved(v, names) for v in node]
     return node
 
 
