@@ -61,9 +61,13 @@ def with_database(url: str, database: str, user: str | None = None, password: st
 
 async def _ensure_role(conn: asyncpg.Connection, role: str) -> None:
     exists = await conn.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", role)
+    # role names are our constants, never input: identifiers cannot be bound parameters
     if not exists:
-        # role names are our constants, never input: identifiers cannot be bound parameters
         await conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{ROLE_PASSWORD}'")
+    else:
+        # an existing server may hold the role already, made by its operator (or by a test that
+        # granted the view to it) without the right to log in: the local stack's services need it
+        await conn.execute(f"ALTER ROLE {role} LOGIN PASSWORD '{ROLE_PASSWORD}'")
 
 
 async def _ensure_database(conn: asyncpg.Connection, name: str) -> None:
